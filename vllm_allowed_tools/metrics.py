@@ -1,0 +1,116 @@
+"""Counters that tell invalid client selections apart from backend/parser violations.
+
+The counters live on prometheus_client's default ``REGISTRY`` because that is what vLLM's own
+``/metrics`` endpoint serves (including its multiprocess mode), so no extra endpoint is needed:
+
+* ``vllm_allowed_tools:invalid_selections_total{reason}``: the client sent a selection we rejected
+  with a 400 (its fault; see ``errors.SELECTION_REASONS``).
+* ``vllm_allowed_tools:violations_total{source}``: the model/parser produced a call outside the
+  allowlist and we stopped it (``parser``, ``unary_guard``, ``stream_guard``): our stack's fault, or
+  the model's.
+* ``vllm_allowed_tools:fallbacks_total{kind}``: an explicitly enabled compatibility fallback (such
+  as catalog filtering) was used; such requests do not have the full cache-friendly contract.
+
+Collectors are created lazily and idempotently: importing this module twice (or reloading it, as
+some test runners do) must not raise prometheus_client's "Duplicated timeseries" error. Whatever
+prometheus_client does, plain in-process counts are kept too, for :func:`snapshot` in tests and for
+deployments without prometheus_client.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter as _Tally
+from typing import Any
+
+__all__ = [
+    "METRIC_NAMES",
+    "VIOLATION_SOURCES",
+    "record_fallback",
+    "record_invalid_selection",
+    "record_violation",
+    "snapshot",
+]
+
+VIOLATION_SOURCES = frozenset({"parser", "unary_guard", "stream_guard"})
+
+# family -> (prometheus name, label name, help)
+METRIC_NAMES: dict[str, tuple[str, str, str]] = {
+    "invalid_selections": (
+        "vllm_allowed_tools:invalid_selections", "reason",
+        "Requests rejected because tools/tool_choice (allowed_tools) could not be resolved."),
+    "violations": (
+        "vllm_allowed_tools:violations", "source",
+        "Tool calls outside the allowlist produced by the model/parser and stopped by the plugin."),
+    "fallbacks": (
+        "vllm_allowed_tools:fallbacks", "kind",
+        "Requests served through an explicitly enabled compatibility fallback."),
+}
+
+_lock = threading.Lock()
+_local: dict[str, _Tally[str]] = {family: _Tally() for family in METRIC_NAMES}
+_collectors: dict[str, Any] = {}
+_prometheus_missing = False
+
+
+def _collector(family: str) -> Any | None:
+    """The prometheus Counter of a family, creating or adopting it on first use; None without
+    prometheus_client."""
+    global _prometheus_missing
+    existing = _collectors.get(family)
+    if existing is not None or _prometheus_missing:
+        return existing
+    try:
+        from prometheus_client import REGISTRY, Counter
+    except ImportError:  # pragma: no cover - prometheus_client ships with vLLM
+        _prometheus_missing = True
+        return None
+    name, label, help_text = METRIC_NAMES[family]
+    with _lock:
+        existing = _collectors.get(family)
+        if existing is not None:
+            return existing
+        # Adopt a collector registered earlier (module reload, a second copy of the package).
+        registered = getattr(REGISTRY, "_names_to_collectors", {}).get(name)
+        if registered is None:
+            try:
+                registered = Counter(name, help_text, [label])
+            except ValueError:  # lost a race with another registrant: adopt theirs
+                registered = getattr(REGISTRY, "_names_to_collectors", {}).get(name)
+                if registered is None:
+                    raise
+        _collectors[family] = registered
+        return registered
+
+
+def _record(family: str, label_value: str) -> None:
+    with _lock:
+        _local[family][label_value] += 1
+    collector = _collector(family)
+    if collector is not None:
+        collector.labels(label_value).inc()
+
+
+def record_invalid_selection(reason: str) -> None:
+    """Count one request rejected for an invalid selection (``InvalidSelectionError.reason``)."""
+    _record("invalid_selections", str(reason))
+
+
+def record_violation(source: str) -> None:
+    """Count one disallowed call stopped by ``source`` (parser, unary_guard or stream_guard).
+
+    An unexpected source is counted as ``other`` rather than raising: this runs on failure paths
+    that must not fail themselves, and label cardinality must stay bounded.
+    """
+    _record("violations", source if source in VIOLATION_SOURCES else "other")
+
+
+def record_fallback(kind: str) -> None:
+    """Count one request served through an explicitly enabled fallback (e.g. ``catalog_filter``)."""
+    _record("fallbacks", str(kind))
+
+
+def snapshot() -> dict[str, dict[str, int]]:
+    """In-process counts since import, ``{family: {label_value: count}}``; tests compare deltas."""
+    with _lock:
+        return {family: dict(tally) for family, tally in _local.items()}

@@ -1,0 +1,340 @@
+"""Build the tiny offline models the tests and the demo serve (no hub, deterministic from a seed).
+
+Two flavours of one architecture (Qwen2, hidden 128, 2 layers, head_dim 64 which vLLM's CPU
+attention supports, 32K positions so a real client's ~20K-token prompt fits):
+
+* ``random``: random weights. An adversary: whatever noise it emits, the contract must hold.
+* ``tool-happy``: trained for a few minutes on CPU, by this module, on transcripts rendered with our
+  own chat template in which the assistant calls a tool from the prompt's catalog, ignoring the
+  turn's policy block. It emits well-formed hermes calls, most of them to tools a 2-of-8 allowlist
+  does not allow: that is what makes auto-mode enforcement tests meaningful.
+
+Usage: ``python -m vllm_allowed_tools.testing.tiny_model OUT [--flavour random|tool-happy]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..render import load_template, render_chat
+from .tool_pool import POOL, PoolTool, sample_catalog
+
+FLAVOURS = ("random", "tool-happy")
+BUILDER_VERSION = "3"   # bump when the recipe changes, so cached models are rebuilt
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+                "<think>", "</think>", "<tools>", "</tools>"]
+# Qwen2's pre-tokenizer: transformers rebuilds any qwen2 tokenizer with exactly this pipeline on load,
+# so the BPE must be trained with it or the served tokenizer silently differs from the trained one.
+_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"""
+                      r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+VOCAB_SIZE = 2048
+MARKER_FILE = "vllm_allowed_tools_model.json"
+TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "1200"))
+
+_USER_ASKS = ["Help me with this.", "Can you take care of it?", "Do the next step.", "Go ahead.",
+              "What now?", "Please handle my request.", "I need something done.", "Continue."]
+
+
+class TinyModelError(RuntimeError):
+    """A tiny-model folder is missing, incomplete or not ours; the message says how to fix it."""
+
+
+# --------------------------------------------------------------------------- transcripts
+
+def _conversation(rng: random.Random, catalog: list[PoolTool]) -> tuple[list[dict], dict | None]:
+    """A transcript ending in an assistant call, and an optional (ignored) tail policy block."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
+    for round_index in range(rng.choice([1, 1, 2, 3])):
+        target = rng.choice(catalog)
+        if rng.random() < 0.5:
+            messages.append({"role": "user", "content": f"Please use {target.name}."})
+        else:
+            messages.append({"role": "user", "content": rng.choice(_USER_ASKS)})
+        call_id = f"call_{round_index}"
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": target.name, "arguments": target.random_arguments(rng)}}]})
+        if round_index >= 0:
+            messages.append({"role": "tool", "tool_call_id": call_id,
+                             "content": json.dumps({"ok": True})})
+            messages.append({"role": "assistant", "content": "Done."})
+    # drop the last "Done." so most transcripts end on a call, and sometimes on text after a result
+    if rng.random() < 0.8:
+        messages.pop()
+        messages.pop()
+    policy = None
+    if rng.random() < 0.5:
+        names = [tool.name for tool in rng.sample(catalog, min(2, len(catalog)))]
+        policy = {"mode": rng.choice(["auto", "required"]), "names": names}
+    return messages, policy
+
+
+def render_training_text(rng: random.Random, catalog: list[PoolTool]) -> str:
+    messages, policy = _conversation(rng, catalog)
+    tools = [tool.chat_tool() for tool in catalog]
+    # The policy block is rendered only at the tail (that is where the server puts it), so render the
+    # history with the block and the final assistant turn appended as plain text.
+    last = messages[-1]
+    prompt = render_chat(messages[:-1], tools, add_generation_prompt=True,
+                         allowed_tools_policy=policy)
+    tail = render_chat([last], None, add_generation_prompt=False)
+    assert tail.startswith("<|im_start|>assistant\n")
+    return prompt + tail[len("<|im_start|>assistant\n"):]
+
+
+def _assistant_spans(text: str) -> Iterator[tuple[int, int]]:
+    """Character spans the model should learn: every assistant turn's content and its <|im_end|>."""
+    marker, end = "<|im_start|>assistant\n", "<|im_end|>"
+    start = text.find(marker)
+    while start != -1:
+        content_start = start + len(marker)
+        stop = text.find(end, content_start)
+        if stop == -1:
+            break
+        yield content_start, stop + len(end)
+        start = text.find(marker, stop)
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+def _train_tokenizer(corpus: list[str], out: Path) -> None:
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
+    from tokenizers import pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS) - len(ADDED_TOKENS),
+                                  special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(corpus, trainer=trainer)
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in ADDED_TOKENS])
+    tokenizer.save(str(out / "tokenizer.json"))
+    chat_template = load_template("hermes")
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "Qwen2Tokenizer",
+        "bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "unk_token": None, "add_prefix_space": False, "model_max_length": 32768,
+        "chat_template": chat_template,
+    }, indent=2))
+
+
+def _check_tokenizer_roundtrip(out: Path, samples: list[str]) -> None:
+    """transformers must load exactly the tokenizer we trained (see _PRETOKENIZE_REGEX)."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    raw = Tokenizer.from_file(str(out / "tokenizer.json"))
+    loaded = AutoTokenizer.from_pretrained(str(out))
+    for text in samples:
+        if raw.encode(text).ids != loaded(text)["input_ids"]:
+            raise TinyModelError("the tokenizer changed when transformers reloaded it; "
+                                 "the pre-tokenizer no longer matches Qwen2's")
+
+
+# --------------------------------------------------------------------------- model
+
+def _config(tokenizer_dir: Path):
+    from tokenizers import Tokenizer
+    from transformers import Qwen2Config
+
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    return Qwen2Config(
+        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=32768,
+        max_window_layers=2, use_sliding_window=False, tie_word_embeddings=False,
+        rope_theta=10000.0, rms_norm_eps=1e-6, torch_dtype="float32",
+        bos_token_id=tok.token_to_id("<|endoftext|>"), eos_token_id=tok.token_to_id("<|im_end|>"),
+        pad_token_id=tok.token_to_id("<|endoftext|>"),
+    )
+
+
+def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print) -> dict[str, Any]:
+    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size)."""
+    import torch
+    from tokenizers import Tokenizer
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    rng = random.Random(seed)
+    batch_size, peak_lr, warmup = 16, 5e-3, 20
+    optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    model.train()
+    started = time.monotonic()
+    for step in range(steps):
+        # curriculum: the largest catalog grows from 2 to 8 tools over the first half of training
+        max_k = 2 + min(6, int(12 * step / max(1, steps)))
+        k = rng.randint(2, max_k) if rng.random() < 0.5 else max_k
+        ids_batch, weight_batch = [], []
+        for _ in range(batch_size):
+            catalog = sample_catalog(rng, k)
+            text = render_training_text(rng, catalog)
+            encoding = tok.encode(text)
+            weights = [0.0] * len(encoding.ids)
+            spans = list(_assistant_spans(text))
+            name_starts = [m.end() for m in re.finditer(r'\{"name": "', text)
+                           if any(a <= m.start() < b for a, b in spans)]
+            for index, (start, end) in enumerate(encoding.offsets):
+                if any(a <= start < b for a, b in spans):
+                    # the first token of the tool name carries the choice: weight it up
+                    weights[index] = 4.0 if any(start <= pos < end for pos in name_starts) else 1.0
+            ids_batch.append(encoding.ids)
+            weight_batch.append(weights)
+        length = max(len(ids) for ids in ids_batch)
+        pad = tok.token_to_id("<|endoftext|>")
+        input_ids = torch.tensor([ids + [pad] * (length - len(ids)) for ids in ids_batch])
+        weights = torch.tensor([w + [0.0] * (length - len(w)) for w in weight_batch])
+        attention = torch.tensor([[1] * len(ids) + [0] * (length - len(ids)) for ids in ids_batch])
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        targets, target_weights = input_ids[:, 1:], weights[:, 1:]
+        losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                   targets.reshape(-1), reduction="none")
+        loss = (losses * target_weights.reshape(-1)).sum() / target_weights.sum().clamp(min=1.0)
+        lr = peak_lr * (step + 1) / warmup if step < warmup else \
+            peak_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if step % 100 == 0 or step == steps - 1:
+            log(f"  step {step:5d}/{steps} k<={max_k} loss {loss.item():.3f} "
+                f"({time.monotonic() - started:.0f}s)")
+    model.eval()
+    return {"steps": steps, "seconds": round(time.monotonic() - started, 1)}
+
+
+# --------------------------------------------------------------------------- build / cache
+
+def recipe_digest(flavour: str, seed: int, steps: int) -> str:
+    """Identifies everything the model depends on, so a cached build is reused only when valid."""
+    digest = hashlib.sha256()
+    digest.update(f"{BUILDER_VERSION}|{flavour}|{seed}|{steps}|".encode())
+    digest.update(load_template("hermes").encode())
+    digest.update(Path(__file__).read_bytes())
+    digest.update(json.dumps([(t.name, t.parameters) for t in POOL], sort_keys=True).encode())
+    return digest.hexdigest()[:16]
+
+
+def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None = None,
+          log=print) -> Path:
+    """Build a model folder at `out` (atomically: a half-built folder is never left behind)."""
+    if flavour not in FLAVOURS:
+        raise TinyModelError(f"unknown flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}")
+    import torch
+    from transformers import GenerationConfig, Qwen2ForCausalLM
+
+    steps = TRAIN_STEPS if steps is None else steps
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
+    try:
+        rng = random.Random(seed)
+        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8))) for _ in range(3000)]
+        corpus += [render_chat([{"role": "user", "content": ask}]) for ask in _USER_ASKS]
+        _train_tokenizer(corpus, staging)
+        _check_tokenizer_roundtrip(staging, corpus[:50])
+        config = _config(staging)
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config).float()
+        training = None
+        if flavour == "tool-happy":
+            log(f"training the tool-happy model ({steps} steps, seed {seed})")
+            training = _train(model, staging, seed, steps, log=log)
+        model.save_pretrained(str(staging), safe_serialization=True)
+        GenerationConfig(eos_token_id=[config.eos_token_id, config.bos_token_id],
+                         pad_token_id=config.pad_token_id).save_pretrained(str(staging))
+        (staging / MARKER_FILE).write_text(json.dumps({
+            "flavour": flavour, "seed": seed, "recipe": recipe_digest(flavour, seed, steps),
+            "training": training, "tools": [tool.name for tool in POOL]}, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def validate_model_dir(path: Path) -> dict[str, Any]:
+    """Check a folder is a complete tiny model of ours; raise TinyModelError saying what to do."""
+    path = Path(path)
+    if not path.is_dir():
+        raise TinyModelError(f"tiny-model folder {path} does not exist; build it with "
+                             f"`python -m vllm_allowed_tools.testing.tiny_model {path}`")
+    missing = [name for name in ("config.json", "tokenizer.json", "tokenizer_config.json",
+                                 "model.safetensors", MARKER_FILE) if not (path / name).is_file()]
+    if missing:
+        raise TinyModelError(f"{path} is not a complete tiny model (missing {', '.join(missing)}); "
+                             f"delete it and rebuild with "
+                             f"`python -m vllm_allowed_tools.testing.tiny_model {path}`")
+    try:
+        return json.loads((path / MARKER_FILE).read_text())
+    except ValueError as exc:
+        raise TinyModelError(f"{path / MARKER_FILE} is not valid JSON ({exc}); delete {path} "
+                             "and rebuild it") from exc
+
+
+def default_cache_dir() -> Path:
+    root = os.environ.get("VLLM_ALLOWED_TOOLS_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm-allowed-tools")
+    return Path(root) / "models"
+
+
+def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None = None,
+                 log=print) -> Path:
+    """The cached model for (flavour, seed), built if missing or built by an older recipe."""
+    steps = TRAIN_STEPS if flavour == "tool-happy" else 0
+    cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    path = cache_dir / f"{flavour}-seed{seed}"
+    try:
+        marker = validate_model_dir(path)
+        if marker.get("recipe") == recipe_digest(flavour, seed, steps):
+            return path
+        log(f"rebuilding {path}: built by an older recipe")
+    except TinyModelError:
+        if path.exists():
+            log(f"rebuilding {path}: incomplete")
+    log(f"building the {flavour} tiny model in {path}")
+    return build(path, flavour=flavour, seed=seed, steps=steps, log=log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.testing.tiny_model",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder to write the model to")
+    parser.add_argument("--flavour", choices=FLAVOURS, default="random")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"training steps for tool-happy (default {TRAIN_STEPS})")
+    args = parser.parse_args(argv)
+    try:
+        build(args.out, args.flavour, args.seed, args.steps if args.flavour == "tool-happy" else 0)
+    except TinyModelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
