@@ -55,8 +55,8 @@ def cmd_serve_tiny(args: argparse.Namespace) -> int:
                           extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout)
 
     def _forward(signum: int, _frame: object) -> None:
-        server.stop()
-        sys.exit(128 + signum)
+        # unwind out of wait() first (it holds Popen's waitpid lock); `finally` stops the server
+        raise SystemExit(128 + signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _forward)

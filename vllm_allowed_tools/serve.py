@@ -25,7 +25,8 @@ from .templates import template_path
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
-MAX_MODEL_LEN = 32768   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
+MAX_MODEL_LEN = 32768
+MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
 
 
 class ServeError(RuntimeError):
@@ -58,6 +59,8 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("DO_NOT_TRACK", "1")
     env.setdefault("PYTHONHASHSEED", "0")   # stable prefix-cache hashes across restarts
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # random weights pad JSON with whitespace until max_tokens; real models need at most a little
+    env.setdefault("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", "1")
     return env
 
 
@@ -74,6 +77,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         "--chat-template", str(template_path("hermes")),
         "--structured-outputs-config.backend", "xgrammar",
         "--enable-prompt-tokens-details",
+        "--middleware", MIDDLEWARE,
         *extra_args,
     ]
 

@@ -42,7 +42,7 @@ _PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
                       r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 VOCAB_SIZE = 2048
 MARKER_FILE = "vllm_allowed_tools_model.json"
-TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "1200"))
+TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "700"))
 
 _USER_ASKS = ["Help me with this.", "Can you take care of it?", "Do the next step.", "Go ahead.",
               "What now?", "Please handle my request.", "I need something done.", "Continue."]
@@ -203,11 +203,13 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print) -> dict
         input_ids = torch.tensor([ids + [pad] * (length - len(ids)) for ids in ids_batch])
         weights = torch.tensor([w + [0.0] * (length - len(w)) for w in weight_batch])
         attention = torch.tensor([[1] * len(ids) + [0] * (length - len(ids)) for ids in ids_batch])
-        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
+        # project to the vocabulary only where the loss looks (assistant tokens): a third of the cost
+        hidden = model.model(input_ids=input_ids, attention_mask=attention).last_hidden_state[:, :-1]
         targets, target_weights = input_ids[:, 1:], weights[:, 1:]
-        losses = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                   targets.reshape(-1), reduction="none")
-        loss = (losses * target_weights.reshape(-1)).sum() / target_weights.sum().clamp(min=1.0)
+        scored = target_weights > 0
+        logits = model.lm_head(hidden[scored])
+        losses = torch.nn.functional.cross_entropy(logits, targets[scored], reduction="none")
+        loss = (losses * target_weights[scored]).sum() / target_weights.sum().clamp(min=1.0)
         lr = peak_lr * (step + 1) / warmup if step < warmup else \
             peak_lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
         for group in optimizer.param_groups:

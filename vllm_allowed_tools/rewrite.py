@@ -1,0 +1,108 @@
+"""Rewrite a client request for vanilla vLLM, and carry the turn's policy along with it.
+
+Pure functions over JSON bodies (no vLLM): the ASGI middleware calls :func:`rewrite_request` on the
+way in and :func:`restore_echo` on the way out.
+
+What the rewrite does for an ``allowed_tools`` request:
+
+* ``tools`` is left byte-for-byte alone (the catalog is the cacheable prefix);
+* ``tool_choice`` becomes the internal mode vLLM understands (``"auto"`` / ``"required"``);
+* the resolved policy travels in the body under :data:`POLICY_KEY` (vLLM keeps unknown top-level
+  keys in ``request.model_extra``), where our parser wrappers read it;
+* ``chat_template_kwargs.allowed_tools_policy`` tells our templates to render the per-turn policy
+  block at the tail of the prompt.
+
+A client can never smuggle in a policy: both keys are removed from every request first and only set
+from a policy this module resolved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from .policy import ToolPolicy, resolve_policy
+
+Api = Literal["responses", "chat"]
+POLICY_KEY = "vllm_allowed_tools"
+TEMPLATE_KWARG = "allowed_tools_policy"
+WIRE_VERSION = 1
+
+
+def policy_to_wire(policy: ToolPolicy) -> dict[str, Any]:
+    """The policy as plain JSON, small enough to ride on every request."""
+    return {
+        "v": WIRE_VERSION,
+        "api": policy.api,
+        "choice": policy.choice,
+        "mode": policy.mode,
+        "allowed": sorted(policy.allowed_flat_names),
+        "catalog": sorted(spec.flat_name for spec in policy.catalog),
+        "parallel_tool_calls": policy.parallel_tool_calls,
+        "catalog_digest": policy.catalog_digest,
+        "allowlist_digest": policy.allowlist_digest,
+    }
+
+
+@dataclass(frozen=True)
+class WirePolicy:
+    """What the vLLM-side code (parsers, guard) needs to know about a turn's policy."""
+    mode: str
+    allowed: frozenset[str]
+    catalog: frozenset[str]
+    parallel_tool_calls: bool
+    catalog_digest: str
+    allowlist_digest: str
+
+    @classmethod
+    def from_wire(cls, data: Any) -> "WirePolicy | None":
+        if not isinstance(data, Mapping) or data.get("v") != WIRE_VERSION:
+            return None
+        return cls(mode=str(data["mode"]), allowed=frozenset(data["allowed"]),
+                   catalog=frozenset(data["catalog"]),
+                   parallel_tool_calls=bool(data["parallel_tool_calls"]),
+                   catalog_digest=str(data["catalog_digest"]),
+                   allowlist_digest=str(data["allowlist_digest"]))
+
+    def is_allowed(self, flat_name: str | None) -> bool:
+        return flat_name is not None and flat_name in self.allowed
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    body: dict[str, Any]
+    policy: ToolPolicy | None
+    original_tool_choice: Any
+    changed: bool
+
+
+def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
+    """Resolve the policy and rewrite the body; raises InvalidSelectionError (a 400) on bad input."""
+    new = dict(body)
+    changed = False
+    if POLICY_KEY in new:
+        del new[POLICY_KEY]
+        changed = True
+    kwargs = new.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping) and TEMPLATE_KWARG in kwargs:
+        new["chat_template_kwargs"] = {k: v for k, v in kwargs.items() if k != TEMPLATE_KWARG}
+        changed = True
+    policy = resolve_policy(new, api)
+    original = body.get("tool_choice")
+    if policy is None or not policy.has_allowlist:
+        return Rewritten(new, policy, original, changed)
+    new["tool_choice"] = policy.internal_tool_choice()
+    new[POLICY_KEY] = policy_to_wire(policy)
+    template_kwargs = dict(new.get("chat_template_kwargs") or {})
+    template_kwargs[TEMPLATE_KWARG] = {"mode": policy.mode,
+                                       "names": sorted(policy.allowed_flat_names)}
+    new["chat_template_kwargs"] = template_kwargs
+    return Rewritten(new, policy, original, True)
+
+
+def restore_echo(response_object: Any, original_tool_choice: Any) -> Any:
+    """Put the client's own ``tool_choice`` back into a Responses object (it echoes the request)."""
+    if isinstance(response_object, dict) and response_object.get("object") == "response" \
+            and "tool_choice" in response_object:
+        response_object["tool_choice"] = original_tool_choice
+    return response_object
