@@ -26,6 +26,10 @@ from .templates import template_path
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 32768
+#: the bundled chat template each of our parsers is served with (falls back to hermes)
+TEMPLATE_FOR_PARSER = {"allowed_hermes": "hermes", "allowed_llama3_json": "llama3_json",
+                       "allowed_qwen3_coder": "qwen3_coder", "allowed_mistral": "mistral",
+                       "allowed_pythonic": "pythonic"}
 MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
 
 
@@ -74,7 +78,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
         "--block-size", "32", "--max-num-seqs", "32",
         "--enable-auto-tool-choice", "--tool-call-parser", parser,
-        "--chat-template", str(template_path("hermes")),
+        "--chat-template", str(template_for_parser(parser)),
         "--structured-outputs-config.backend", "xgrammar",
         "--enable-prompt-tokens-details",
         "--middleware", MIDDLEWARE,
@@ -94,6 +98,13 @@ def preflight() -> None:
                          (f"{', '.join(broken)} would crash vLLM at import" if broken else
                           "the `vllm` metadata alias is missing") +
                          "); run `vllm-allowed-tools cpu-setup` once after installing")
+
+
+def template_for_parser(parser: str) -> Path:
+    try:
+        return template_path(TEMPLATE_FOR_PARSER.get(parser, "hermes"))
+    except FileNotFoundError:
+        return template_path("hermes")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
