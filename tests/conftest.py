@@ -47,12 +47,12 @@ _RUNNING: list[RunningServer] = []
 
 
 def start_cli_server(flavour: str, extra_args: list[str] | None = None,
-                     timeout: float = 900.0) -> RunningServer:
+                     timeout: float = 900.0, options: list[str] | None = None) -> RunningServer:
     """Start `vllm-allowed-tools serve-tiny` (builds the model on first use) and wait for its URL."""
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix=f"vllm-{flavour}-", suffix=".log")[1])
     command = [sys.executable, "-m", "vllm_allowed_tools.cli", "serve-tiny", "--port", str(port),
-               "--flavour", flavour, "--log-file", str(log_path)]
+               "--flavour", flavour, "--log-file", str(log_path), *(options or [])]
     if extra_args:
         command += ["--", *extra_args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=None, text=True)
@@ -101,12 +101,20 @@ def happy_server():
     stop_cli_server(server)
 
 
+@pytest.fixture(scope="session")
+def vanilla_server():
+    """The same random model and template under plain vLLM (base `hermes` parser, no middleware)."""
+    server = start_cli_server("random", options=["--vanilla", "--parser", "hermes"])
+    yield server
+    stop_cli_server(server)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and report.when in ("setup", "call"):
-        for name in ("random_server", "happy_server"):
+        for name in ("random_server", "happy_server", "vanilla_server"):
             server = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(server, RunningServer):
                 report.sections.append((f"vllm server log ({server.flavour}), last lines",

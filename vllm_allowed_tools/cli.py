@@ -37,6 +37,8 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parser", default=DEFAULT_PARSER, help="tool-call parser name")
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="serve this tiny-model folder instead of the cached build")
+    parser.add_argument("--vanilla", action="store_true",
+                        help="leave the plugin's middleware out (use with a base parser, e.g. hermes)")
     parser.add_argument("--log-file", type=Path, default=None, help="write the server log here")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for health")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
@@ -52,7 +54,8 @@ def cmd_serve_tiny(args: argparse.Namespace) -> int:
     model = _resolve_model(args)
     _log(f"starting vllm on {model} (parser {args.parser}) ...")
     server = start_server(model, port=args.port, host=args.host, parser=args.parser,
-                          extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout)
+                          extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout,
+                          vanilla=args.vanilla)
 
     def _forward(signum: int, _frame: object) -> None:
         # unwind out of wait() first (it holds Popen's waitpid lock); `finally` stops the server

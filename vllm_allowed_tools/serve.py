@@ -69,8 +69,13 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: str = DEFAULT_PARSER,
-                   extra_args: Sequence[str] = ()) -> list[str]:
-    """``vllm serve`` with the plugin, as a module call (the CPU wheel's ``vllm`` CLI needs a fix)."""
+                   extra_args: Sequence[str] = (), vanilla: bool = False) -> list[str]:
+    """``vllm serve`` with the plugin, as a module call (the CPU wheel's ``vllm`` CLI needs a fix).
+
+    ``vanilla`` leaves our middleware out (pair it with a base parser such as ``hermes``): the same
+    model and template under plain vLLM, for parity tests and baselines.
+    """
+    plugin = [] if vanilla else ["--middleware", MIDDLEWARE]
     return [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
@@ -81,7 +86,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         "--chat-template", str(template_for_parser(parser)),
         "--structured-outputs-config.backend", "xgrammar",
         "--enable-prompt-tokens-details",
-        "--middleware", MIDDLEWARE,
+        *plugin,
         *extra_args,
     ]
 
@@ -102,7 +107,8 @@ def preflight() -> None:
 
 def template_for_parser(parser: str) -> Path:
     try:
-        return template_path(TEMPLATE_FOR_PARSER.get(parser, "hermes"))
+        return template_path(TEMPLATE_FOR_PARSER.get(parser, TEMPLATE_FOR_PARSER.get(f"allowed_{parser}",
+                                                                                "hermes")))
     except FileNotFoundError:
         return template_path("hermes")
 
@@ -182,7 +188,7 @@ def wait_healthy(server: TinyServer, timeout: float) -> None:
 def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.1",
                  parser: str = DEFAULT_PARSER, extra_args: Sequence[str] = (),
                  log_path: Path | None = None, timeout: float = 300.0,
-                 env: dict[str, str] | None = None) -> TinyServer:
+                 env: dict[str, str] | None = None, vanilla: bool = False) -> TinyServer:
     """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError)."""
     from .testing.tiny_model import validate_model_dir
 
@@ -196,7 +202,7 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     log = open(log_path, "w", buffering=1)
     environment = server_environment(env)
     environment.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
-    process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args),
+    process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args, vanilla),
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env=environment, preexec_fn=_die_with_parent)
     server = TinyServer(process=process, host=host, port=port, log_path=Path(log_path), _log=log)
