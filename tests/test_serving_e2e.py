@@ -318,3 +318,56 @@ def test_plain_choices_match_vanilla_vllm(random_server, vanilla_server, choice)
                 response.status, response.tool_choice, response.usage.input_tokens,
                 response.usage.output_tokens))
         assert results[0] == results[1], (choice, seed)
+
+
+# --------------------------------------------------------------------------- conformance
+
+def _sse_data(response: httpx.Response) -> list[dict]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            events.append(json.loads(line[6:]))
+    return events
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_responses_objects_and_events_validate_against_sdk_types(random_server, mode):
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+    event_adapter = TypeAdapter(ResponseStreamEvent)
+    catalog, allowed = _catalog_and_subset(11)
+    body = {"model": "tiny", "input": "Go ahead.", "tools": [t.responses_tool() for t in catalog],
+            "tool_choice": _responses_choice(mode, allowed), "max_output_tokens": 60,
+            "parallel_tool_calls": False, "temperature": 1.0, "seed": 3}
+    unary = httpx.post(random_server.base_url + "/responses", json=body, timeout=120)
+    assert unary.status_code == 200, unary.text
+    Response.model_validate(unary.json(), strict=False)
+    assert unary.json()["tool_choice"] == body["tool_choice"]
+    with httpx.stream("POST", random_server.base_url + "/responses", json={**body, "stream": True},
+                      timeout=120) as streamed:
+        events = _sse_data(streamed)
+    assert events and events[-1]["type"] in ("response.completed", "response.incomplete")
+    sequence = [event["sequence_number"] for event in events]
+    assert sequence == sorted(set(sequence))
+    for event in events:
+        event_adapter.validate_python(event)
+        if isinstance(event.get("response"), dict):
+            assert event["response"]["tool_choice"] == body["tool_choice"]
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_chat_objects_and_chunks_validate_against_sdk_types(random_server, mode):
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    catalog, allowed = _catalog_and_subset(12)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Go ahead."}],
+            "tools": [t.chat_tool() for t in catalog], "tool_choice": _chat_choice(mode, allowed),
+            "max_tokens": 60, "parallel_tool_calls": False, "temperature": 1.0, "seed": 3}
+    unary = httpx.post(random_server.base_url + "/chat/completions", json=body, timeout=120)
+    assert unary.status_code == 200, unary.text
+    ChatCompletion.model_validate(unary.json())
+    with httpx.stream("POST", random_server.base_url + "/chat/completions",
+                      json={**body, "stream": True}, timeout=120) as streamed:
+        chunks = _sse_data(streamed)
+    assert chunks
+    for chunk in chunks:
+        ChatCompletionChunk.model_validate(chunk)

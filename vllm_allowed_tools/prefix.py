@@ -29,9 +29,12 @@ import argparse
 import copy
 import json
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+
+import jinja2
 
 from .render import render_chat
 
@@ -108,10 +111,10 @@ def load_transcript(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[s
     """(messages, tools) from a JSON file ``{"messages": [...], "tools": [...]}``."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        raise ValueError(f"{path}: expected a JSON object with a `messages` list (and `tools`)")
+        raise TypeError(f"{path}: expected a JSON object with a `messages` list (and `tools`)")
     tools = data.get("tools") or []
     if not isinstance(tools, list):
-        raise ValueError(f"{path}: `tools` must be a list")
+        raise TypeError(f"{path}: `tools` must be a list")
     return data["messages"], [_chat_tool(tool) for tool in tools]
 
 
@@ -182,14 +185,18 @@ class PrefixReport:
         lines = [
             f"template            {self.template}",
             f"tokens              A={self.tokens_a}  B={self.tokens_b}",
-            f"common prefix       {self.lcp_tokens} tokens, ends at char {self.lcp_char_end} of A "
-            f"(texts first differ at char {self.first_diff_char})",
-            f"policy block        A: char {_fmt(self.policy_block_char_a)}, token "
-            f"{_fmt(self.policy_block_token_a)}; B: char {_fmt(self.policy_block_char_b)}, token "
-            f"{_fmt(self.policy_block_token_b)}",
-            f"reusable            {self.lcp_tokens}/{self.tokens_before_block} tokens before the block "
-            + ("(the whole prefix)" if self.reaches_policy_block else "(PREFIX BROKEN before the block)"),
+            (f"common prefix       {self.lcp_tokens} tokens, ends at char {self.lcp_char_end} of A "
+             f"(texts first differ at char {self.first_diff_char})"),
+            (f"policy block        A: char {_fmt(self.policy_block_char_a)}, token "
+             f"{_fmt(self.policy_block_token_a)}; B: char {_fmt(self.policy_block_char_b)}, token "
+             f"{_fmt(self.policy_block_token_b)}"),
         ]
+        if self.reaches_policy_block:
+            lines.append(f"before the block    {self.tokens_before_block} tokens, all shared (the common "
+                         f"prefix runs {self.lcp_tokens - self.tokens_before_block} tokens past it)")
+        else:
+            lines.append(f"before the block    {self.tokens_before_block} tokens, only {self.lcp_tokens} "
+                         "shared: PREFIX BROKEN before the block")
         return "\n".join(lines)
 
 
@@ -277,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy_b = _policy(args.b, args.mode_b, catalog)
         tokenizer = load_tokenizer(args.model_dir or args.tokenizer)
         report = compare_policies(messages, tools, tokenizer, args.template, policy_a, policy_b)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, jinja2.TemplateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report.as_dict(), indent=2) if args.json else report.text())

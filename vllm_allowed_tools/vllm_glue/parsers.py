@@ -86,9 +86,16 @@ class AllowedToolsMixin:
         policy = request_policy(request)
         if policy is None:
             return super().adjust_request(request)
+        # the base parser's other side effects (e.g. keeping special tokens such as [TOOL_CALLS] in
+        # the output) still apply; only its grammar, built from the whole catalog, is not taken
+        probe = super().adjust_request(request.model_copy(deep=True))
         if self.structural_tag_model is not None:
-            return self._ensure_structural_tag(request, policy)
-        return self._allowed_json_schema(request, policy)
+            request = self._ensure_structural_tag(request, policy)
+        else:
+            request = self._allowed_json_schema(request, policy)
+        if getattr(probe, "skip_special_tokens", None) is False:
+            request.skip_special_tokens = False
+        return request
 
     def _ensure_structural_tag(self, request, policy: WirePolicy):
         from vllm import envs

@@ -1,0 +1,472 @@
+"""Every wrapped parser end to end: a real `vllm serve` per parser, its own template, both modes.
+
+One server at a time (a module-scoped fixture parametrized by parser; pytest finishes every test of
+one parser, and stops its server, before starting the next). Each server is
+`vllm-allowed-tools serve-tiny --flavour random --parser allowed_X`, which serves the parser's own
+bundled template. Two of vLLM's parsers refuse a tokenizer that lacks their marker token, which the
+tiny model's tokenizer does not have, so they are served a copy of the tiny model with that one token
+added (the weights are untouched; the model's vocabulary has room):
+
+* ``allowed_llama3_json``: ``Llama3JsonToolParser`` needs ``<|python_tag|>``;
+* ``allowed_mistral``: ``MistralToolParser`` needs ``[TOOL_CALLS]`` (with a Hugging Face tokenizer
+  and no ``[ARGS]`` token it runs its "pre-v11" path).
+
+Per parser, on Chat Completions and Responses with the official `openai` SDK, for an 8-tool catalog of
+the tool pool (strict, enum-only arguments) and a 2-tool subset:
+
+* required mode with ``parallel_tool_calls=False``: exactly one call, in the subset, schema-valid
+  arguments, over several seeds at temperature 1.0;
+* auto mode: never a call outside the subset;
+* the server renders the prompt exactly as :mod:`vllm_allowed_tools.render` does, policy block included.
+
+The random model rarely emits EOS, so nothing here asks for parallel calls in required mode (that
+would run to max_tokens).
+
+Known issues in the glue (vllm_glue/parsers.py, not this file's to fix) are xfailed with the reason
+and the fix: mistral required mode (wrong array schema), qwen3_coder framing whitespace in enum values,
+and the policy path dropping the base parsers' ``skip_special_tokens=False``. The last section checks
+the wrappers without a server (deterministic inputs), so each issue has a strict xfail that does not
+depend on sampling. hermes.jinja's server rendering differs from render.py (xfailed, with the cause).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import _RUNNING, RunningServer, stop_cli_server
+
+from vllm_allowed_tools.prefix import policy_block_offset, render_with_policy
+from vllm_allowed_tools.render import render_chat
+from vllm_allowed_tools.serve import TEMPLATE_FOR_PARSER, free_port
+from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+
+pytestmark = pytest.mark.server
+
+SEEDS = (0, 1, 2)
+REQUIRED_MAX_TOKENS = 200
+AUTO_MAX_TOKENS = 40
+
+#: the parsers wired up by the wrapper whose base parser needs an issue fixed in parsers.py
+MISTRAL_REQUIRED_XFAIL = (
+    "allowed_mistral required mode returns calls with empty arguments: "
+    "AllowedToolsMixin._allowed_json_schema (vllm_glue/parsers.py) constrains the output with vLLM's "
+    "generic array schema [{\"name\", \"parameters\"}], but MistralParser._legacy_extract_tool_calls "
+    "reads the pre-v11 array [{\"name\", \"arguments\"}] and turns the missing `arguments` into \"{}\"")
+
+
+QWEN_XML_WHITESPACE = (
+    "allowed_qwen3_coder can return schema-invalid string arguments: xgrammar's qwen_xml style frames "
+    "every parameter value with [ \\n\\r\\t]* (up to VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE characters), "
+    "but vLLM's qwen3 parser strips only one leading and one trailing newline "
+    "(vllm/parser/qwen3.py _trim_wrapping_newlines), so `<parameter=p>\\nhigh\\t</parameter>` parses "
+    "as \"high\\t\", which is not in the enum")
+SKIP_SPECIAL_TOKENS = (
+    "with a policy, AllowedToolsMixin.adjust_request (vllm_glue/parsers.py) never calls the base "
+    "parser's adjust_request, so request.skip_special_tokens stays True where the base parser sets it "
+    "False; a model whose call marker is a special token ([TOOL_CALLS], or <tool_call> in some "
+    "checkpoints) then has the marker stripped before the parser sees it")
+
+
+@dataclass(frozen=True)
+class Case:
+    parser: str
+    add_tokens: tuple[str, ...] = ()
+    xfail_required: str | None = None      # required mode is known to fail every time
+    whitespace_issue: str | None = None    # a schema-invalid value may differ by framing whitespace
+    xfail_render: str | None = None
+
+
+CASES = [
+    Case("allowed_hermes",
+         xfail_render="hermes.jinja loops over message content (`for part in message.content`), so "
+                      "vLLM detects the 'openai' content format and hands every message's content over "
+                      "as a list of parts (tool results excepted); the template's assistant branch "
+                      "only renders string content, so the server drops every assistant message's "
+                      "text from the prompt. Fix: no loop over content (join parts with a filter, as "
+                      "the other templates do), or handle a list in the assistant branch"),
+    Case("allowed_qwen3_coder", whitespace_issue=QWEN_XML_WHITESPACE),
+    Case("allowed_llama3_json", add_tokens=("<|python_tag|>",)),
+    Case("allowed_mistral", add_tokens=("[TOOL_CALLS]",), xfail_required=MISTRAL_REQUIRED_XFAIL),
+    Case("allowed_pythonic"),
+]
+CASE_BY_PARSER = {case.parser: case for case in CASES}
+
+
+# ----------------------------------------------------------------------------------------- servers
+
+def model_with_tokens(tokens: tuple[str, ...], out: Path) -> Path:
+    """A copy of the cached random tiny model whose tokenizer also has `tokens` (special tokens)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+
+    base = ensure_model("random", 0, log=lambda *_: None)
+    shutil.copytree(base, out)
+    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in tokens])
+    tokenizer.save(str(out / "tokenizer.json"))
+    config = json.loads((out / "config.json").read_text())
+    assert tokenizer.get_vocab_size() <= config["vocab_size"]
+    return out
+
+
+def start_parser_server(parser: str, model_dir: Path | None = None,
+                        timeout: float = 600.0) -> RunningServer:
+    """`vllm-allowed-tools serve-tiny --parser PARSER` (like conftest.start_cli_server, plus a parser)."""
+    port = free_port()
+    log_path = Path(tempfile.mkstemp(prefix=f"vllm-{parser}-", suffix=".log")[1])
+    command = [sys.executable, "-m", "vllm_allowed_tools.cli", "serve-tiny", "--port", str(port),
+               "--flavour", "random", "--parser", parser, "--log-file", str(log_path)]
+    if model_dir is not None:
+        command += ["--model-dir", str(model_dir)]
+    command += ["--", "--enable-scale-out"]   # serves /v1/chat/completions/render
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=None, text=True)
+    deadline = time.monotonic() + timeout
+    line = ""
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if line.startswith("http") or process.poll() is not None or line == "":
+            break
+    if not line.startswith("http"):
+        process.kill()
+        tail = log_path.read_text(errors="replace")[-6000:] if log_path.exists() else ""
+        pytest.fail(f"serve-tiny --parser {parser} did not come up (exit {process.poll()}):\n{tail}")
+    base_url = line.strip()
+    server = RunningServer(base_url=base_url, root_url=base_url.removesuffix("/v1"), process=process,
+                           log_path=log_path, flavour=f"random/{parser}")
+    _RUNNING.append(server)
+    return server
+
+
+@pytest.fixture(scope="module", params=[case.parser for case in CASES])
+def served(request, tmp_path_factory):
+    """(case, server, model folder) for one parser; the previous parser's server is stopped first."""
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+
+    case = CASE_BY_PARSER[request.param]
+    model_dir = None
+    if case.add_tokens:
+        model_dir = model_with_tokens(case.add_tokens, tmp_path_factory.mktemp(case.parser) / "model")
+    server = start_parser_server(case.parser, model_dir)
+    yield case, server, model_dir or ensure_model("random", 0, log=lambda *_: None)
+    stop_cli_server(server)
+
+
+# ----------------------------------------------------------------------------------------- requests
+
+def catalog_and_subset(seed: int) -> tuple[list, list[str]]:
+    rng = random.Random(1000 + seed)
+    catalog = sample_catalog(rng, 8)
+    subset = sorted(tool.name for tool in rng.sample(catalog, 2))
+    return catalog, subset
+
+
+def chat_choice(mode: str, names: list[str]) -> dict:
+    return {"type": "allowed_tools",
+            "allowed_tools": {"mode": mode, "tools": [{"type": "function", "function": {"name": n}}
+                                                      for n in names]}}
+
+
+def responses_choice(mode: str, names: list[str]) -> dict:
+    return {"type": "allowed_tools", "mode": mode,
+            "tools": [{"type": "function", "name": n} for n in names]}
+
+
+MESSAGES = [{"role": "system", "content": "You are a helpful agent."},
+            {"role": "user", "content": "Go ahead."}]
+
+
+def chat_calls(server: RunningServer, mode: str, seed: int, max_tokens: int):
+    catalog, subset = catalog_and_subset(seed)
+    response = server.client().chat.completions.create(
+        model="tiny", messages=MESSAGES, tools=[tool.chat_tool() for tool in catalog],
+        tool_choice=chat_choice(mode, subset), parallel_tool_calls=False, max_tokens=max_tokens,
+        temperature=1.0, seed=seed)
+    message = response.choices[0].message
+    return [(call.function.name, call.function.arguments) for call in message.tool_calls or []], \
+        subset, message
+
+
+def responses_calls(server: RunningServer, mode: str, seed: int, max_tokens: int):
+    catalog, subset = catalog_and_subset(seed)
+    response = server.client().responses.create(
+        model="tiny", instructions=MESSAGES[0]["content"], input=MESSAGES[1]["content"],
+        tools=[tool.responses_tool() for tool in catalog], tool_choice=responses_choice(mode, subset),
+        parallel_tool_calls=False, max_output_tokens=max_tokens, temperature=1.0,
+        extra_body={"seed": seed})
+    calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
+    return calls, subset, response.output
+
+
+def _xfail_required(case: Case) -> None:
+    if case.xfail_required:
+        pytest.xfail(case.xfail_required)
+
+
+# ----------------------------------------------------------------------------------------- tests
+
+def test_parser_is_served_with_its_own_template(served):
+    case, server, _ = served
+    log = server.log_text()
+    assert f"'tool_call_parser': '{case.parser}'" in log
+    assert f"{TEMPLATE_FOR_PARSER[case.parser]}.jinja" in log
+
+
+def _valid_after_strip(name: str, arguments: str) -> bool:
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return False
+    return isinstance(parsed, dict) and POOL_BY_NAME[name].arguments_valid(
+        {key: value.strip() if isinstance(value, str) else value for key, value in parsed.items()})
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_required_mode_gives_one_allowed_schema_valid_call(served, api):
+    case, server, _ = served
+    fetch = chat_calls if api == "chat" else responses_calls
+    failures, whitespace_only = [], []
+    for seed in SEEDS:
+        calls, subset, raw = fetch(server, "required", seed, REQUIRED_MAX_TOKENS)
+        if len(calls) != 1:
+            failures.append((seed, "calls", calls, str(raw)[:400]))
+            continue
+        name, arguments = calls[0]
+        if name not in subset:
+            failures.append((seed, "name", name, subset))
+        elif not POOL_BY_NAME[name].arguments_valid(arguments):
+            (whitespace_only if _valid_after_strip(name, arguments) else failures).append(
+                (seed, "arguments", name, arguments))
+    if case.xfail_required:   # strict: the known issue must still be there
+        if failures or whitespace_only:
+            pytest.xfail(case.xfail_required + f"; observed: {(failures + whitespace_only)[0]}")
+        pytest.fail(f"{case.parser} required mode works now: drop the xfail ({case.xfail_required})")
+    assert not failures, (failures, server.log_tail(30))
+    if whitespace_only:
+        assert case.whitespace_issue, whitespace_only
+        # sampling decides whether it shows up; the deterministic, strict check is
+        # test_qwen_xml_framing_whitespace_reaches_the_arguments below
+        pytest.xfail(case.whitespace_issue + f"; observed: {whitespace_only[0]}")
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_auto_mode_never_calls_outside_the_subset(served, api):
+    _, server, _ = served
+    fetch = chat_calls if api == "chat" else responses_calls
+    for seed in SEEDS[:2]:
+        calls, subset, _ = fetch(server, "auto", seed, AUTO_MAX_TOKENS)
+        assert all(name in subset for name, _ in calls), (seed, calls, subset, server.log_tail(30))
+
+
+def test_server_renders_the_template_like_render_py(served):
+    """/v1/chat/completions/render goes through our middleware: the prompt vLLM would run, policy
+    block included, is token for token what render.py renders (for a multi-turn agent transcript)."""
+    import httpx
+    from tokenizers import Tokenizer
+
+    case, server, model_dir = served
+    catalog, subset = catalog_and_subset(0)
+    tools = [tool.chat_tool() for tool in catalog]
+    rng = random.Random(4)
+    first, second = POOL_BY_NAME[catalog[0].name], POOL_BY_NAME[catalog[1].name]
+    messages = [
+        {"role": "system", "content": "You are a helpful agent."},
+        {"role": "user", "content": "Do two things."},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": first.name, "arguments": json.dumps(first.random_arguments(rng))}},
+            {"id": "call_2", "type": "function", "function": {
+                "name": second.name, "arguments": json.dumps(second.random_arguments(rng))}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"ok": true}'},
+        {"role": "tool", "tool_call_id": "call_2", "content": "done"},
+        {"role": "assistant", "content": "Both done."},
+        {"role": "user", "content": "Next."},
+    ]
+    body = {"model": "tiny", "messages": messages, "tools": tools,
+            "tool_choice": chat_choice("required", subset)}
+    reply = httpx.post(server.base_url + "/chat/completions/render", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    token_ids = reply.json()["token_ids"]
+    served_text = Tokenizer.from_file(str(model_dir / "tokenizer.json")).decode(
+        token_ids, skip_special_tokens=False)
+    template = TEMPLATE_FOR_PARSER[case.parser]
+    expected = render_with_policy(messages, tools, template, {"mode": "required", "names": subset})
+    block = policy_block_offset(served_text, template)
+    assert block is not None, served_text[-400:]
+    assert "Allowed tools this turn (required): " + ", ".join(subset) in served_text[block:]
+    if served_text != expected and case.xfail_render:
+        # pin the cause: the server rendered the messages as lists of parts ("openai" format;
+        # vLLM keeps tool results as strings)
+        as_parts = [message if message["role"] == "tool" else
+                    {**message, "content": [] if message["content"] is None else
+                     [{"type": "text", "text": message["content"]}]} for message in messages]
+        assert served_text == render_with_policy(as_parts, tools, template,
+                                                 {"mode": "required", "names": subset})
+        pytest.xfail(case.xfail_render)
+    assert served_text == expected
+    if case.xfail_render:
+        pytest.fail(f"{case.parser}: render matches now, drop the xfail ({case.xfail_render})")
+
+
+def test_base_parsers_refuse_a_tokenizer_without_their_marker_token():
+    """Why llama3_json and mistral are served a tiny model with one token added: vLLM's parsers raise
+    at construction (i.e. on every tool request) when the marker token is missing."""
+    from transformers import AutoTokenizer
+    from vllm.tool_parsers import ToolParserManager
+
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.vllm_glue.plugin import register
+
+    register()
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model("random", 0, log=lambda *_: None)))
+    with pytest.raises(RuntimeError, match=r"<\|python_tag\|>"):
+        ToolParserManager.get_tool_parser("allowed_llama3_json")(tokenizer)
+    with pytest.raises(RuntimeError, match="tool call token"):
+        ToolParserManager.get_tool_parser("allowed_mistral")(tokenizer)
+    for name in ("allowed_hermes", "allowed_qwen3_coder", "allowed_pythonic"):
+        ToolParserManager.get_tool_parser(name)(tokenizer)   # these construct fine
+
+
+# ----------------------------------------------------------------------------------------- wrappers
+# The parser wrappers on their own (vLLM imported, no server): deterministic checks of what the
+# sampled end-to-end runs above can only show by chance.
+
+@pytest.fixture(scope="module")
+def glue(tmp_path_factory):
+    """(tokenizer for a parser, request builder) with our parsers registered."""
+    from transformers import AutoTokenizer
+
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.vllm_glue.plugin import register
+
+    register()
+    cache: dict[tuple[str, ...], object] = {}
+
+    def tokenizer_for(parser: str):
+        tokens = CASE_BY_PARSER[parser].add_tokens
+        if tokens not in cache:
+            folder = ensure_model("random", 0, log=lambda *_: None) if not tokens else \
+                model_with_tokens(tokens, tmp_path_factory.mktemp("tok") / "model")
+            cache[tokens] = AutoTokenizer.from_pretrained(str(folder))
+        return cache[tokens]
+
+    return tokenizer_for
+
+
+def policy_request(mode: str, allowed: list[str], tool_names: list[str], parallel: bool = False):
+    """A ChatCompletionRequest as vLLM sees it after our middleware (policy attached)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from vllm_allowed_tools.rewrite import rewrite_request
+
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+            "tools": [POOL_BY_NAME[name].chat_tool() for name in tool_names],
+            "parallel_tool_calls": parallel, "tool_choice": chat_choice(mode, allowed)}
+    plain = ChatCompletionRequest(**{**body, "tool_choice": mode})
+    return ChatCompletionRequest(**rewrite_request(body, "chat").body), plain
+
+
+def parser_pair(glue, parser: str):
+    from vllm.tool_parsers import ToolParserManager
+    tokenizer = glue(parser)
+    return (ToolParserManager.get_tool_parser(parser)(tokenizer),
+            ToolParserManager.get_tool_parser(parser.removeprefix("allowed_"))(tokenizer))
+
+
+TWO_TOOLS = ["get_ticket", "delete_note"]   # both take one enum argument, `priority`
+
+
+@pytest.mark.parametrize("parser,model,template", [
+    ("allowed_llama3_json", "llama", "llama3_json"), ("allowed_qwen3_coder", "qwen_3_coder", "qwen3_coder"),
+    ("allowed_hermes", "hermes", "hermes")])
+def test_wrapper_grammar_accepts_the_templates_call_format_for_allowed_tools_only(glue, parser, model,
+                                                                                 template):
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    wrapper, _ = parser_pair(glue, parser)
+    request, _ = policy_request("required", ["get_ticket"], TWO_TOOLS)
+    assert wrapper.structural_tag_model == model
+    grammar = xgrammar.Grammar.from_structural_tag(wrapper.get_structural_tag(request).model_dump_json())
+
+    def reply(name: str) -> str:
+        message = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": name, "arguments": {"priority": "high"}}}]}
+        text = render_chat([{"role": "user", "content": "x"}, message], None, template=template,
+                           add_generation_prompt=False)
+        head, end = ("<|im_start|>assistant\n", "<|im_end|>") if "<|im_start|>" in text else \
+            ("<|end_header_id|>\n\n", "<|eot_id|>")
+        start = text.rindex(head) + len(head)
+        return text[start:text.index(end, start)]
+
+    assert _is_grammar_accept_string(grammar, reply("get_ticket")), reply("get_ticket")
+    assert not _is_grammar_accept_string(grammar, reply("delete_note"))   # in the catalog, not allowed
+
+
+@pytest.mark.xfail(strict=True, reason=QWEN_XML_WHITESPACE)
+def test_qwen_xml_framing_whitespace_reaches_the_arguments(glue):
+    """Fix (vllm_glue/parsers.py, AllowedToolsMixin.extract_tool_calls and the streaming twin): for
+    parsers whose structural tag uses style="qwen_xml", strip [ \\t\\r\\n] around each string argument
+    value before handing the call out (the grammar only ever puts framing whitespace there when the
+    schema fixes the value, e.g. enum/const), or upstream, make the qwen3 parser strip the same
+    whitespace class the grammar allows."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    wrapper, _ = parser_pair(glue, "allowed_qwen3_coder")
+    request, _ = policy_request("required", ["get_ticket"], TWO_TOOLS)
+    grammar = xgrammar.Grammar.from_structural_tag(wrapper.get_structural_tag(request).model_dump_json())
+    output = ("<tool_call>\n<function=get_ticket>\n<parameter=priority>\nhigh\t</parameter>\n"
+              "</function>\n</tool_call>")
+    assert _is_grammar_accept_string(grammar, output)   # the grammar allows it ...
+    info = wrapper.extract_tool_calls(output, request)
+    assert [call.function.name for call in info.tool_calls] == ["get_ticket"]
+    assert POOL_BY_NAME["get_ticket"].arguments_valid(info.tool_calls[0].function.arguments), \
+        info.tool_calls[0].function.arguments   # ... and the parsed value must still be schema-valid
+
+
+@pytest.mark.xfail(strict=True, reason=MISTRAL_REQUIRED_XFAIL)
+def test_mistral_required_schema_matches_the_parsers_call_format(glue):
+    """Fix (vllm_glue/parsers.py, AllowedToolsMixin._allowed_json_schema): for the mistral parser build
+    the schema the base parser builds, from the allowed tools only, i.e. call
+    MistralParser._build_guided_schema_pre_v11 (or the base adjust_request) on a copy of the request
+    whose `tools` are the allowed subset, so the array items are {"name", "arguments"}."""
+    import jsonschema
+
+    wrapper, _ = parser_pair(glue, "allowed_mistral")
+    request, _ = policy_request("required", ["get_ticket"], TWO_TOOLS)
+    request = wrapper.adjust_request(request)
+    schema = request.structured_outputs.json
+    schema = json.loads(schema) if isinstance(schema, str) else schema
+    # the one output the schema admits for get_ticket(priority=high)
+    key = next(k for k in schema["items"]["anyOf"][0]["properties"] if k != "name")
+    output = json.dumps([{"name": "get_ticket", key: {"priority": "high"}}])
+    jsonschema.validate(json.loads(output), schema)
+    info = wrapper.extract_tool_calls(output, request)
+    assert [call.function.name for call in info.tool_calls] == ["get_ticket"]
+    assert json.loads(info.tool_calls[0].function.arguments) == {"priority": "high"}
+
+
+@pytest.mark.parametrize("parser", [
+    pytest.param("allowed_hermes", marks=pytest.mark.xfail(strict=True, reason=SKIP_SPECIAL_TOKENS)),
+    pytest.param("allowed_qwen3_coder", marks=pytest.mark.xfail(strict=True, reason=SKIP_SPECIAL_TOKENS)),
+    pytest.param("allowed_mistral", marks=pytest.mark.xfail(strict=True, reason=SKIP_SPECIAL_TOKENS)),
+    "allowed_llama3_json", "allowed_pythonic"])
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_policy_keeps_the_base_parsers_detokenizer_settings(glue, parser, mode):
+    """Fix (vllm_glue/parsers.py, AllowedToolsMixin.adjust_request): on the policy path, apply the
+    base parser's side effects too, e.g. `request.skip_special_tokens = False` whenever the base
+    parser's adjust_request sets it (Hermes2ProToolParser, ParserEngineToolAdapter, MistralParser)."""
+    wrapper, base = parser_pair(glue, parser)
+    request, plain = policy_request(mode, ["get_ticket"], TWO_TOOLS)
+    assert wrapper.adjust_request(request).skip_special_tokens == \
+        base.adjust_request(plain).skip_special_tokens
