@@ -23,10 +23,10 @@ The random model rarely emits EOS, so nothing here asks for parallel calls in re
 would run to max_tokens).
 
 Known issues in the glue (vllm_glue/parsers.py, not this file's to fix) are xfailed with the reason
-and the fix: mistral required mode (wrong array schema), qwen3_coder framing whitespace in enum values,
-and the policy path dropping the base parsers' ``skip_special_tokens=False``. The last section checks
-the wrappers without a server (deterministic inputs), so each issue has a strict xfail that does not
-depend on sampling. hermes.jinja's server rendering differs from render.py (xfailed, with the cause).
+and the fix: mistral required mode (wrong array schema) and qwen3_coder framing whitespace in enum
+values. The last section checks the wrappers without a server (deterministic inputs), so each issue
+has a strict xfail that does not depend on sampling. hermes.jinja's server rendering differs from
+render.py (xfailed, with the cause pinned).
 """
 
 from __future__ import annotations
@@ -69,11 +69,6 @@ QWEN_XML_WHITESPACE = (
     "but vLLM's qwen3 parser strips only one leading and one trailing newline "
     "(vllm/parser/qwen3.py _trim_wrapping_newlines), so `<parameter=p>\\nhigh\\t</parameter>` parses "
     "as \"high\\t\", which is not in the enum")
-SKIP_SPECIAL_TOKENS = (
-    "with a policy, AllowedToolsMixin.adjust_request (vllm_glue/parsers.py) never calls the base "
-    "parser's adjust_request, so request.skip_special_tokens stays True where the base parser sets it "
-    "False; a model whose call marker is a special token ([TOOL_CALLS], or <tool_call> in some "
-    "checkpoints) then has the marker stripped before the parser sees it")
 
 
 @dataclass(frozen=True)
@@ -456,16 +451,13 @@ def test_mistral_required_schema_matches_the_parsers_call_format(glue):
     assert json.loads(info.tool_calls[0].function.arguments) == {"priority": "high"}
 
 
-@pytest.mark.parametrize("parser", [
-    pytest.param("allowed_hermes", marks=pytest.mark.xfail(strict=True, reason=SKIP_SPECIAL_TOKENS)),
-    pytest.param("allowed_qwen3_coder", marks=pytest.mark.xfail(strict=True, reason=SKIP_SPECIAL_TOKENS)),
-    pytest.param("allowed_mistral", marks=pytest.mark.xfail(strict=True, reason=SKIP_SPECIAL_TOKENS)),
-    "allowed_llama3_json", "allowed_pythonic"])
+@pytest.mark.parametrize("parser", [case.parser for case in CASES])
 @pytest.mark.parametrize("mode", ["auto", "required"])
 def test_policy_keeps_the_base_parsers_detokenizer_settings(glue, parser, mode):
-    """Fix (vllm_glue/parsers.py, AllowedToolsMixin.adjust_request): on the policy path, apply the
-    base parser's side effects too, e.g. `request.skip_special_tokens = False` whenever the base
-    parser's adjust_request sets it (Hermes2ProToolParser, ParserEngineToolAdapter, MistralParser)."""
+    """The policy path replaces the base parser's grammar, not its other side effects: where the base
+    parser keeps special tokens in the output (hermes, qwen3_coder, mistral set
+    `skip_special_tokens=False`, so a call marker that is a special token reaches the parser), the
+    wrapper does too."""
     wrapper, base = parser_pair(glue, parser)
     request, plain = policy_request(mode, ["get_ticket"], TWO_TOOLS)
     assert wrapper.adjust_request(request).skip_special_tokens == \

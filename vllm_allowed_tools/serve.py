@@ -70,15 +70,16 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 
 def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: str = DEFAULT_PARSER,
                    extra_args: Sequence[str] = (), vanilla: bool = False) -> list[str]:
-    """``vllm serve`` with the plugin, as a module call (the CPU wheel's ``vllm`` CLI needs a fix).
+    """``vllm serve`` with the plugin (vLLM's CLI entry, called with this interpreter).
 
     ``vanilla`` leaves our middleware out (pair it with a base parser such as ``hermes``): the same
     model and template under plain vLLM, for parity tests and baselines.
     """
     plugin = [] if vanilla else ["--middleware", MIDDLEWARE]
     return [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
+        sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; "
+        "sys.argv[0] = 'vllm'; sys.exit(main())",
+        "serve", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
         "--host", host, "--port", str(port),
         "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
         "--block-size", "32", "--max-num-seqs", "32",
