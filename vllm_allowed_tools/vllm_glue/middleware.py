@@ -125,6 +125,10 @@ class AllowedToolsMiddleware:
     """Resolve and rewrite allowed-tools requests; answer invalid selections with a 400."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        import sys
+
+        from .capabilities import check_server_args
+        check_server_args(sys.argv)   # fail at start-up, not per request, when we could not enforce
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
