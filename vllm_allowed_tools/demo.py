@@ -59,7 +59,36 @@ def converse(base_url: str) -> int:
         usage = response.usage
         _print(f"usage     : input {usage.input_tokens} tokens, "
                f"{usage.input_tokens_details.cached_tokens} served from the prefix cache")
+    _contrast(client, tools)
     return 0
+
+
+def _contrast(client, tools: list[dict]) -> None:
+    """The same ask with and without a policy, and what an invalid selection gets."""
+    import openai
+
+    ask = [{"role": "system", "content": "You are a helpful agent."},
+           {"role": "user", "content": "Please use delete_photo."}]
+    _print("\n--- the user asks for delete_photo; this turn allows only get_weather")
+    plain = client.responses.create(model="tiny", input=ask, tools=tools, max_output_tokens=60,
+                                    temperature=0.0)
+    names = [item.name for item in plain.output if item.type == "function_call"]
+    _print(f"without a policy (plain auto) the model calls: {names or 'nothing'}")
+    governed = client.responses.create(
+        model="tiny", input=ask, tools=tools, max_output_tokens=60, temperature=0.0,
+        tool_choice={"type": "allowed_tools", "mode": "auto",
+                     "tools": [{"type": "function", "name": "get_weather"}]})
+    names = [item.name for item in governed.output if item.type == "function_call"]
+    _print(f"with allowed_tools auto [get_weather] it calls:  {names or 'nothing'}")
+    _print("\n--- an invalid selection fails before the engine sees it")
+    try:
+        client.responses.create(
+            model="tiny", input=ask, tools=tools,
+            tool_choice={"type": "allowed_tools", "mode": "auto",
+                         "tools": [{"type": "function", "name": "drop_database"}]})
+    except openai.BadRequestError as error:
+        body = error.body or {}
+        _print(f"HTTP {error.status_code} param={body.get('param')!r}: {body.get('message')}")
 
 
 def run_demo(args: argparse.Namespace) -> int:
