@@ -37,7 +37,7 @@ def test_entry_point_is_registered_and_idempotent():
                  "allowed_mistral", "allowed_pythonic"):
         assert name in names
     parser = ToolParserManager.get_tool_parser("allowed_hermes")
-    assert parser.__mro__[1].__name__ == "Hermes2ProToolParser"
+    assert "Hermes2ProToolParser" in [k.__name__ for k in parser.__mro__]
 
 
 def test_training_text_matches_serving_render():

@@ -22,7 +22,8 @@ Policy (:class:`CallPolicy`)
 
     Responses ``custom_tool_call`` items are checked with the optional ``is_custom_allowed(name)``;
     a policy without that method (every allowlist policy: ``allowed_tools`` selects functions only)
-    refuses them.
+    refuses them. Do not pass a plain request's ``ToolPolicy``: for ``tool_choice: "none"`` it
+    refuses every name, and it does not know the request's custom tools; use ``CatalogPolicy``.
 
 Unary (source ``unary_guard``)
     :func:`check_chat_completion` / :func:`check_responses_object` raise
@@ -72,7 +73,8 @@ Streaming (source ``stream_guard``)
     a name in one delta, so an allowed call's name chunk is delayed by exactly one chunk.
 
 :class:`GuardedSSE` wraps either guard for raw SSE bytes in any chunking (``feed(bytes) -> bytes``,
-``close() -> bytes``), which is what an ASGI ``send`` wrapper needs.
+``close() -> bytes``, ``terminal``, ``violation``), which is what an ASGI ``send`` wrapper needs:
+events nobody rewrote keep their exact bytes, so a stream of allowed calls passes byte for byte.
 
 Not enforced here: ``parallel_tool_calls: false`` (vLLM itself drops calls after the first).
 """
@@ -295,8 +297,8 @@ def check_chat_completion(body: Mapping[str, Any], policy: CallPolicy, *,
 _UPSTREAM_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed",
                                 "error"})
 _SNAPSHOT_TYPES = frozenset({"response.created", "response.in_progress", "response.queued"})
-_TEXT_DELTAS = {"response.output_text.delta": "text", "response.reasoning_text.delta": "text",
-                "response.refusal.delta": "refusal"}
+_TEXT_DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text.delta",
+                          "response.refusal.delta"})
 
 
 class _Sent:
@@ -682,6 +684,10 @@ class GuardedSSE:
     @property
     def terminal(self) -> bool:
         return self.guard.terminal
+
+    @property
+    def violation(self) -> AllowedToolsViolation | None:
+        return self.guard.violation
 
     def feed(self, chunk: bytes) -> bytes:
         if self.guard.terminal or self._closed:
