@@ -23,10 +23,8 @@ The random model rarely emits EOS, so nothing here asks for parallel calls in re
 would run to max_tokens).
 
 Known issues in the glue (vllm_glue/parsers.py, not this file's to fix) are xfailed with the reason
-and the fix: mistral required mode (wrong array schema) and qwen3_coder framing whitespace in enum
-values. The last section checks the wrappers without a server (deterministic inputs), so each issue
-has a strict xfail that does not depend on sampling. hermes.jinja's server rendering differs from
-render.py (xfailed, with the cause pinned).
+and the fix: qwen3_coder framing whitespace in enum values. The last section checks the wrappers without a server (deterministic inputs), so each issue
+has a strict xfail that does not depend on sampling.
 """
 
 from __future__ import annotations
@@ -56,13 +54,6 @@ REQUIRED_MAX_TOKENS = 200
 AUTO_MAX_TOKENS = 40
 
 #: the parsers wired up by the wrapper whose base parser needs an issue fixed in parsers.py
-MISTRAL_REQUIRED_XFAIL = (
-    "allowed_mistral required mode returns calls with empty arguments: "
-    "AllowedToolsMixin._allowed_json_schema (vllm_glue/parsers.py) constrains the output with vLLM's "
-    "generic array schema [{\"name\", \"parameters\"}], but MistralParser._legacy_extract_tool_calls "
-    "reads the pre-v11 array [{\"name\", \"arguments\"}] and turns the missing `arguments` into \"{}\"")
-
-
 QWEN_XML_WHITESPACE = (
     "allowed_qwen3_coder can return schema-invalid string arguments: xgrammar's qwen_xml style frames "
     "every parameter value with [ \\n\\r\\t]* (up to VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE characters), "
@@ -81,16 +72,10 @@ class Case:
 
 
 CASES = [
-    Case("allowed_hermes",
-         xfail_render="hermes.jinja loops over message content (`for part in message.content`), so "
-                      "vLLM detects the 'openai' content format and hands every message's content over "
-                      "as a list of parts (tool results excepted); the template's assistant branch "
-                      "only renders string content, so the server drops every assistant message's "
-                      "text from the prompt. Fix: no loop over content (join parts with a filter, as "
-                      "the other templates do), or handle a list in the assistant branch"),
+    Case("allowed_hermes"),
     Case("allowed_qwen3_coder", whitespace_issue=QWEN_XML_WHITESPACE),
     Case("allowed_llama3_json", add_tokens=("<|python_tag|>",)),
-    Case("allowed_mistral", add_tokens=("[TOOL_CALLS]",), xfail_required=MISTRAL_REQUIRED_XFAIL),
+    Case("allowed_mistral", add_tokens=("[TOOL_CALLS]",)),
     Case("allowed_pythonic"),
 ]
 CASE_BY_PARSER = {case.parser: case for case in CASES}
@@ -429,12 +414,9 @@ def test_qwen_xml_framing_whitespace_reaches_the_arguments(glue):
         info.tool_calls[0].function.arguments   # ... and the parsed value must still be schema-valid
 
 
-@pytest.mark.xfail(strict=True, reason=MISTRAL_REQUIRED_XFAIL)
 def test_mistral_required_schema_matches_the_parsers_call_format(glue):
-    """Fix (vllm_glue/parsers.py, AllowedToolsMixin._allowed_json_schema): for the mistral parser build
-    the schema the base parser builds, from the allowed tools only, i.e. call
-    MistralParser._build_guided_schema_pre_v11 (or the base adjust_request) on a copy of the request
-    whose `tools` are the allowed subset, so the array items are {"name", "arguments"}."""
+    """The required-mode schema is the base parser's own ({"name", "arguments"} items for mistral),
+    built from the allowed tools only, so what the grammar admits is what the parser reads."""
     import jsonschema
 
     wrapper, _ = parser_pair(glue, "allowed_mistral")

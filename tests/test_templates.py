@@ -283,8 +283,7 @@ def test_history_calls_use_the_parsers_wire_format(template):
 @pytest.mark.parametrize("template", TEMPLATES)
 def test_templates_render_message_content_as_strings_for_vllm(template):
     """vLLM hands every message's content over as a list of parts ("openai" content format) when a
-    template loops over message content. Ours must not (hermes is excepted: it loops, see
-    test_parsers_e2e for what that costs on the server)."""
+    template loops over message content. Ours must not."""
     source = load_template(template)
     env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     ast = env.parse(source)
@@ -296,11 +295,8 @@ def test_templates_render_message_content_as_strings_for_vllm(template):
                  and getattr(iterable.arg, "value", None) == "content") or \
                 (isinstance(iterable, jinja2.nodes.Name) and iterable.name == "content"):
             loops_over_content.append(loop.lineno)
-    if template == "hermes":
-        assert loops_over_content, "hermes.jinja no longer loops over content: drop this exception"
-    else:
-        assert not loops_over_content, \
-            f"{template}.jinja loops over message content at lines {loops_over_content}"
+    assert not loops_over_content, \
+        f"{template}.jinja loops over message content at lines {loops_over_content}"
 
 
 @pytest.mark.parametrize("template,model", [("llama3_json", "llama"), ("qwen3_coder", "qwen_3_coder")])

@@ -62,6 +62,18 @@ def _tool_name(tool: Any) -> str | None:
     return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
 
 
+def _narrowed(request, policy: WirePolicy):
+    """A deep copy of `request` whose tools are only the allowed ones (namespaces flattened)."""
+    tools = list(request.tools or [])
+    try:
+        from vllm.tool_parsers.utils import get_function_tools
+        tools = list(get_function_tools(tools))
+    except ImportError:  # pragma: no cover - older vLLM without namespace flattening
+        pass
+    allowed = [tool for tool in tools if _tool_name(tool) in policy.allowed]
+    return request.model_copy(update={"tools": allowed}, deep=True)
+
+
 class AllowedToolsMixin:
     """Mixed in before a vLLM ToolParser subclass; see the module docstring."""
 
@@ -86,13 +98,16 @@ class AllowedToolsMixin:
         policy = request_policy(request)
         if policy is None:
             return super().adjust_request(request)
-        # the base parser's other side effects (e.g. keeping special tokens such as [TOOL_CALLS] in
-        # the output) still apply; only its grammar, built from the whole catalog, is not taken
-        probe = super().adjust_request(request.model_copy(deep=True))
+        # The base parser, run on a copy that holds only the allowed tools, gives its own grammar
+        # for the subset (JSON-schema parsers) and its other side effects (e.g. keeping special
+        # tokens such as [TOOL_CALLS] in the output); the catalog-wide grammar is never taken.
+        probe = super().adjust_request(_narrowed(request, policy))
         if self.structural_tag_model is not None:
             request = self._ensure_structural_tag(request, policy)
-        else:
-            request = self._allowed_json_schema(request, policy)
+        elif policy.mode == "required":
+            for field_name in ("structured_outputs", "response_format", "text"):
+                if hasattr(request, field_name):
+                    setattr(request, field_name, getattr(probe, field_name))
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         return request
@@ -124,27 +139,6 @@ class AllowedToolsMixin:
             request.response_format = None
         if hasattr(request, "text") and not hasattr(request, "messages"):
             request.text = None
-        return request
-
-    def _allowed_json_schema(self, request, policy: WirePolicy):
-        """vLLM's JSON-array fallback, built from the allowed tools only (required mode)."""
-        if policy.mode != "required":
-            return request   # auto: text or a call; disallowed calls are dropped when parsed
-        from vllm.tool_parsers.utils import get_json_schema_from_tools
-        allowed = [tool for tool in (request.tools or []) if _tool_name(tool) in policy.allowed]
-        schema = get_json_schema_from_tools(tool_choice="required", tools=allowed,
-                                            parallel_tool_calls=policy.parallel_tool_calls) \
-            if _accepts_parallel(get_json_schema_from_tools) else \
-            get_json_schema_from_tools(tool_choice="required", tools=allowed)
-        if schema is None:
-            return request
-        if hasattr(request, "messages"):
-            request.structured_outputs = StructuredOutputsParams(json=schema)
-            request.response_format = None
-        else:
-            from openai.types.responses import ResponseFormatTextJSONSchemaConfig, ResponseTextConfig
-            request.text = ResponseTextConfig(format=ResponseFormatTextJSONSchemaConfig(
-                type="json_schema", name="tool_calling_response", schema=schema, strict=True))
         return request
 
     # ---------------------------------------------------------------- output filtering
@@ -227,11 +221,6 @@ def _cap_whitespace(tag):
 
     visit(tag)
     return tag
-
-
-def _accepts_parallel(function) -> bool:
-    import inspect
-    return "parallel_tool_calls" in inspect.signature(function).parameters
 
 
 def wrap_parser(base_name: str, class_name: str) -> type:
