@@ -47,7 +47,8 @@ _RUNNING: list[RunningServer] = []
 
 
 def start_cli_server(flavour: str, extra_args: list[str] | None = None,
-                     timeout: float = 900.0, options: list[str] | None = None) -> RunningServer:
+                     timeout: float = 900.0, options: list[str] | None = None,
+                     env: dict[str, str] | None = None) -> RunningServer:
     """Start `vllm-allowed-tools serve-tiny` (builds the model on first use) and wait for its URL."""
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix=f"vllm-{flavour}-", suffix=".log")[1])
@@ -55,7 +56,8 @@ def start_cli_server(flavour: str, extra_args: list[str] | None = None,
                "--flavour", flavour, "--log-file", str(log_path), *(options or [])]
     if extra_args:
         command += ["--", *extra_args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=None, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=None, text=True,
+                               env={**os.environ, **(env or {})})
     deadline = time.monotonic() + timeout
     line = ""
     while time.monotonic() < deadline:

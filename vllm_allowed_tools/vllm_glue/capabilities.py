@@ -16,6 +16,10 @@ from typing import Sequence
 from ..errors import CapabilityError
 from .plugin import PARSERS
 
+#: parser names (comma-separated) the operator vouches for: their own subclasses of our
+#: ``AllowedToolsMixin`` wrappers, loaded with ``--tool-parser-plugin``
+EXTRA_PARSERS_ENV = "VLLM_ALLOWED_TOOLS_EXTRA_PARSERS"
+
 #: backends that cannot compile new-format structural tags (vLLM 0.32/0.33)
 BACKENDS_WITHOUT_STRUCTURAL_TAGS = frozenset({"guidance", "outlines", "lm-format-enforcer"})
 
@@ -49,7 +53,8 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
     if "serve" not in argv and not any(a.endswith("api_server") for a in argv):
         return   # not a server command line (e.g. the middleware built inside a test app)
     parser = _flag_value(argv, "--tool-call-parser")
-    if parser is not None and parser not in PARSERS:
+    vouched = {name.strip() for name in environ.get(EXTRA_PARSERS_ENV, "").split(",") if name.strip()}
+    if parser is not None and parser not in PARSERS and parser not in vouched:
         raise CapabilityError(
             f"--tool-call-parser {parser} cannot enforce allowed_tools: use one of our wrappers "
             f"({', '.join(sorted(PARSERS))}), e.g. --tool-call-parser allowed_{parser} if it exists",

@@ -10,12 +10,18 @@ Launch: ``vllm serve ... --middleware vllm_allowed_tools.vllm_glue.middleware.Al
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from typing import Any, Awaitable, Callable
 
 from ..errors import AllowedToolsError
+from ..guard import (AllowedToolsViolation, CatalogPolicy, ChatStreamGuard, GuardedSSE,
+                     ResponsesStreamGuard, check_chat_completion, check_responses_object)
 from ..rewrite import Api, restore_echo, rewrite_request
 from ..sse import SSEEvent, SSEFramer
+
+logger = logging.getLogger(__name__)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -69,56 +75,140 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _EchoRestoringSend:
-    """Wraps `send` for a Responses request: put the client's tool_choice back in every response
-    object, unary (JSON body) or streamed (SSE events carrying `response`)."""
+class _Stop:
+    """Set once a stream was ended by the guard: the app is then told the client went away (its
+    streaming response stops and vLLM aborts the engine request) and anything it still sends is
+    dropped."""
 
-    def __init__(self, send: Send, original_tool_choice: Any) -> None:
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def receive(self, body: bytes, receive: Receive) -> Receive:
+        """Replay `body` once, then the real receive, raced against the stop signal."""
+        sent = False
+
+        async def guarded_receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            if self.event.is_set():
+                return {"type": "http.disconnect"}
+            real = asyncio.ensure_future(receive())
+            stop = asyncio.ensure_future(self.event.wait())
+            done, _ = await asyncio.wait({real, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if real in done:
+                stop.cancel()
+                return real.result()
+            real.cancel()
+            return {"type": "http.disconnect"}
+
+        return guarded_receive
+
+
+class _GuardedSend:
+    """Wraps `send`: the output guard on every call leaving the server, and, for an allowed-tools
+    Responses request, the client's own tool_choice restored in every response object."""
+
+    def __init__(self, send: Send, api: Api, policy: Any, echo: tuple[bool, Any], stop: _Stop,
+                 spec_version: tuple[int, ...]) -> None:
         self._send = send
-        self._original = original_tool_choice
+        self._api = api
+        self._policy = policy
+        self._restore, self._original = echo
+        self._stop = stop
+        self._spec_version = spec_version
         self._mode: str | None = None
         self._start: Message | None = None
         self._buffer = b""
+        self._guard: GuardedSSE | None = None
         self._framer = SSEFramer()
+        self._finished = False
 
     async def __call__(self, message: Message) -> None:
+        if self._finished:
+            if self._spec_version >= (2, 4):
+                raise OSError("the allowed-tools guard ended this stream")
+            return   # the app is being told the client left; drop what it still sends
         if message["type"] == "http.response.start":
-            content_type = dict(message.get("headers", [])).get(b"content-type", b"")
-            if content_type.startswith(b"application/json"):
+            headers = dict(message.get("headers", []))
+            content_type = headers.get(b"content-type", b"")
+            if message.get("status") != 200 or self._policy is None:
+                self._mode = "raw"
+            elif content_type.startswith(b"application/json"):
                 self._mode, self._start = "json", message   # hold until the body is complete
                 return
-            self._mode = "sse" if content_type.startswith(b"text/event-stream") else "raw"
+            elif content_type.startswith(b"text/event-stream"):
+                self._mode = "sse"
+                self._guard = GuardedSSE(ResponsesStreamGuard(self._policy) if self._api == "responses"
+                                         else ChatStreamGuard(self._policy))
+            else:
+                self._mode = "raw"
             await self._send(message)
             return
         if message["type"] != "http.response.body" or self._mode == "raw":
             await self._send(message)
             return
-        more = message.get("more_body", False)
         if self._mode == "json":
-            self._buffer += message.get("body", b"")
-            if more:
-                return
-            body = self._buffer
-            try:
-                body = json.dumps(restore_echo(json.loads(body), self._original)).encode()
-            except ValueError:
-                pass
-            start = dict(self._start or {})
-            start["headers"] = _with_content_length(list(start.get("headers", [])), len(body))
-            await self._send(start)
-            await self._send({"type": "http.response.body", "body": body, "more_body": False})
+            await self._unary(message)
+        else:
+            await self._stream(message)
+
+    async def _unary(self, message: Message) -> None:
+        self._buffer += message.get("body", b"")
+        if message.get("more_body", False):
             return
+        start = dict(self._start or {})
+        body = self._buffer
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if isinstance(data, dict):
+            try:
+                if self._api == "responses":
+                    check_responses_object(data, self._policy)
+                else:
+                    check_chat_completion(data, self._policy)
+                if self._restore:
+                    body = json.dumps(restore_echo(data, self._original)).encode()
+            except AllowedToolsViolation as violation:
+                logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
+                body = json.dumps(violation.to_openai()).encode()
+                start["status"] = violation.status
+        start["headers"] = _with_content_length(list(start.get("headers", [])), len(body))
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _stream(self, message: Message) -> None:
+        assert self._guard is not None
+        more = message.get("more_body", False)
+        out = self._guard.feed(message.get("body", b""))
+        if not more and not self._guard.terminal:
+            out += self._guard.close()
+        if self._restore:
+            out = self._restore_echo(out, final=not more or self._guard.terminal)
+        if self._guard.terminal:
+            logger.error("vllm-allowed-tools: ended a stream at a call outside the policy: %s",
+                         self._guard.violation)
+            self._finished = True
+            await self._send({"type": "http.response.body", "body": out, "more_body": False})
+            self._stop.event.set()   # the app hears "client disconnected": vLLM aborts the request
+            return
+        await self._send({"type": "http.response.body", "body": out, "more_body": more})
+
+    def _restore_echo(self, chunk: bytes, final: bool) -> bytes:
         out = []
-        for event in self._framer.feed(message.get("body", b"")):
+        for event in self._framer.feed(chunk):
             data = event.json()
             if isinstance(data, dict) and isinstance(data.get("response"), dict):
                 restore_echo(data["response"], self._original)
                 out.append(SSEEvent.encode(data, event.event))
             else:
                 out.append(event.raw)
-        if not more:
+        if final:
             out.append(self._framer.flush())
-        await self._send({"type": "http.response.body", "body": b"".join(out), "more_body": more})
+        return b"".join(out)
 
 
 class AllowedToolsMiddleware:
@@ -154,6 +244,21 @@ class AllowedToolsMiddleware:
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
             scope = dict(scope, headers=_with_content_length(list(scope.get("headers", [])), len(body)))
-        if api == "responses" and rewritten.policy is not None and rewritten.policy.has_allowlist:
-            send = _EchoRestoringSend(send, rewritten.original_tool_choice)
-        await self.app(scope, _replay(body, receive), send)
+        policy = _output_policy(rewritten, data, api)
+        stop = _Stop()
+        allowlist = rewritten.policy is not None and rewritten.policy.has_allowlist
+        spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
+                     if p.isdigit())
+        send = _GuardedSend(send, api, policy, (api == "responses" and allowlist,
+                                                rewritten.original_tool_choice), stop, spec)
+        await self.app(scope, stop.receive(body, receive), send)
+
+
+def _output_policy(rewritten: Any, body: dict, api: Api) -> Any:
+    """What the guard checks calls against: the allowlist when the turn has one, else the catalog
+    (a call to a name the request never offered is refused in every mode); None without tools."""
+    if rewritten.policy is not None and rewritten.policy.has_allowlist:
+        return rewritten.policy
+    if body.get("tools"):
+        return CatalogPolicy.from_request(body, api)
+    return None
