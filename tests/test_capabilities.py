@@ -53,3 +53,64 @@ def test_real_server_refuses_to_start_with_guidance(tmp_path):
         start_server(model, extra_args=["--structured-outputs-config.backend", "guidance"],
                      log_path=tmp_path / "server.log", timeout=240)
     assert "structured-output backend cannot compile" in str(error.value)
+
+
+# ------------------------------------------------------------------ templates and the fallback
+
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+
+
+def test_our_templates_render_the_policy(tmp_path):
+    from vllm_allowed_tools.templates import template_path
+    caps = check_server_args(BASE + ["--chat-template", str(template_path("hermes"))], environ={})
+    assert caps.template_renders_policy is True and not caps.filter_catalog
+
+
+def test_a_template_without_the_policy_block_is_refused_naming_it(tmp_path):
+    template = tmp_path / "theirs.jinja"
+    template.write_text(PLAIN_TEMPLATE)
+    with pytest.raises(CapabilityError, match="theirs.jinja") as error:
+        check_server_args(BASE + ["--chat-template", str(template)], environ={})
+    assert "allowed_tools_policy" in str(error.value) and "filter-catalog" in str(error.value)
+
+
+def test_the_model_folders_own_template_is_checked(tmp_path):
+    import json
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": PLAIN_TEMPLATE}))
+    argv = ["vllm", "serve", str(tmp_path), "--tool-call-parser", "allowed_hermes"]
+    with pytest.raises(CapabilityError, match="tokenizer_config.json"):
+        check_server_args(argv, environ={})
+
+
+def test_explicit_fallback_turns_on_catalog_filtering(tmp_path):
+    template = tmp_path / "theirs.jinja"
+    template.write_text(PLAIN_TEMPLATE)
+    argv = BASE + ["--chat-template", str(template)]
+    caps = check_server_args(argv, environ={"VLLM_ALLOWED_TOOLS_FALLBACK": "filter-catalog"})
+    assert caps.filter_catalog and caps.template_renders_policy is False
+    with pytest.raises(CapabilityError, match="not a known fallback"):
+        check_server_args(argv, environ={"VLLM_ALLOWED_TOOLS_FALLBACK": "yes"})
+
+
+def test_unreadable_template_is_not_guessed():
+    caps = check_server_args(["vllm", "serve", "org/hub-model", "--tool-call-parser",
+                              "allowed_hermes"], environ={})
+    assert caps.template_renders_policy is None and not caps.filter_catalog
+
+
+def test_filter_catalog_keeps_only_the_allowed_functions():
+    from vllm_allowed_tools.policy import resolve_policy
+    from vllm_allowed_tools.rewrite import filter_catalog
+    body = {"tools": [{"type": "function", "name": "a", "parameters": {}},
+                      {"type": "function", "name": "b", "parameters": {}},
+                      {"type": "web_search"},
+                      {"type": "namespace", "name": "crm", "tools": [
+                          {"type": "function", "name": "c", "parameters": {}},
+                          {"type": "function", "name": "d", "parameters": {}}]}],
+            "tool_choice": {"type": "allowed_tools", "mode": "auto",
+                            "tools": [{"type": "function", "name": "b"},
+                                      {"type": "function", "name": "crm__d"}]}}
+    filtered = filter_catalog(body, resolve_policy(body, "responses"))
+    assert [t.get("name") for t in filtered["tools"]] == ["b", None, "crm"]
+    assert [m["name"] for m in filtered["tools"][2]["tools"]] == ["d"]
+    assert len(body["tools"]) == 4   # the request itself is not modified

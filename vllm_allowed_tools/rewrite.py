@@ -100,6 +100,31 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     return Rewritten(new, policy, original, True)
 
 
+def filter_catalog(body: dict[str, Any], policy: ToolPolicy) -> dict[str, Any]:
+    """The compatibility fallback: keep only the allowed function tools (and namespace members) in
+    ``tools``; other tool types are left as they are. Opt-in only: it changes the prompt whenever
+    the subset changes, which is exactly what the tail policy block exists to avoid."""
+    allowed = {(identity.namespace, identity.name) for identity in policy.allowed or ()}
+    kept: list[Any] = []
+    for tool in body.get("tools") or []:
+        if not isinstance(tool, Mapping):
+            kept.append(tool)
+            continue
+        kind = tool.get("type")
+        if kind == "function":
+            name = tool.get("function", {}).get("name") if policy.api == "chat" else tool.get("name")
+            if (None, name) in allowed:
+                kept.append(tool)
+        elif kind == "namespace" and policy.api == "responses":
+            members = [m for m in tool.get("tools") or []
+                       if isinstance(m, Mapping) and (tool.get("name"), m.get("name")) in allowed]
+            if members:
+                kept.append({**tool, "tools": members})
+        else:
+            kept.append(tool)
+    return {**body, "tools": kept}
+
+
 def restore_echo(response_object: Any, original_tool_choice: Any) -> Any:
     """Put the client's own ``tool_choice`` back into a Responses object (it echoes the request)."""
     if isinstance(response_object, dict) and response_object.get("object") == "response" \

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 from ..errors import CapabilityError
@@ -19,6 +21,21 @@ from .plugin import PARSERS
 #: parser names (comma-separated) the operator vouches for: their own subclasses of our
 #: ``AllowedToolsMixin`` wrappers, loaded with ``--tool-parser-plugin``
 EXTRA_PARSERS_ENV = "VLLM_ALLOWED_TOOLS_EXTRA_PARSERS"
+
+#: opt-in compatibility fallback for templates that cannot render the policy after the stable
+#: prefix: ``filter-catalog`` sends the model only the allowed tools (breaks prompt-cache reuse
+#: whenever the subset changes; counted in ``vllm_allowed_tools:fallbacks``)
+FALLBACK_ENV = "VLLM_ALLOWED_TOOLS_FALLBACK"
+FALLBACK_FILTER = "filter-catalog"
+TEMPLATE_KWARG = "allowed_tools_policy"
+
+
+@dataclass(frozen=True)
+class ServerCapabilities:
+    template: str | None            # what the template was read from (None: not determinable)
+    template_renders_policy: bool | None
+    filter_catalog: bool            # the explicit fallback is on and needed
+
 
 #: backends that cannot compile new-format structural tags (vLLM 0.32/0.33)
 BACKENDS_WITHOUT_STRUCTURAL_TAGS = frozenset({"guidance", "outlines", "lm-format-enforcer"})
@@ -47,11 +64,50 @@ def structured_output_backend(argv: Sequence[str]) -> str:
     return backend or "auto"
 
 
-def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> None:
-    """Raise CapabilityError when this server could not enforce allowed_tools."""
+def _model_arg(argv: Sequence[str]) -> str | None:
+    model = _flag_value(argv, "--model")
+    if model is None and "serve" in argv:
+        index = list(argv).index("serve") + 1
+        if index < len(argv) and not argv[index].startswith("-"):
+            model = argv[index]
+    return model
+
+
+def chat_template_source(argv: Sequence[str]) -> tuple[str | None, str | None]:
+    """(template text, where it came from): ``--chat-template`` (file or literal), else the local
+    model folder's own template; (None, None) when it cannot be read here (e.g. a hub id)."""
+    template = _flag_value(argv, "--chat-template")
+    if template is not None:
+        path = Path(template)
+        if path.is_file():
+            return path.read_text(encoding="utf-8"), str(path)
+        return template, "the --chat-template literal"
+    model = _model_arg(argv)
+    if model is None or not Path(model).is_dir():
+        return None, None
+    jinja = Path(model) / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8"), str(jinja)
+    config = Path(model) / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            value = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        except ValueError:
+            return None, None
+        if isinstance(value, list):   # named templates: the default one renders chats
+            value = next((t.get("template") for t in value if t.get("name") == "default"), None)
+        if isinstance(value, str):
+            return value, f"{model}'s tokenizer_config.json chat_template"
+    return None, None
+
+
+def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServerCapabilities:
+    """Raise CapabilityError when this server could not enforce allowed_tools (or keep its prompt
+    prefix stable, unless the explicit fallback is on); otherwise say what it can do."""
     environ = dict(os.environ if environ is None else environ)
     if "serve" not in argv and not any(a.endswith("api_server") for a in argv):
-        return   # not a server command line (e.g. the middleware built inside a test app)
+        # not a server command line (e.g. the middleware built inside a test app)
+        return ServerCapabilities(template=None, template_renders_policy=None, filter_catalog=False)
     parser = _flag_value(argv, "--tool-call-parser")
     vouched = {name.strip() for name in environ.get(EXTRA_PARSERS_ENV, "").split(",") if name.strip()}
     if parser is not None and parser not in PARSERS and parser not in vouched:
@@ -70,3 +126,19 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
         raise CapabilityError(
             "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns structural tags off, so allowed_tools could "
             "not be enforced; unset it", capability="structural_tag", status=500)
+    source, origin = chat_template_source(argv)
+    renders_policy = None if source is None else TEMPLATE_KWARG in source
+    fallback = environ.get(FALLBACK_ENV, "").strip()
+    if fallback and fallback != FALLBACK_FILTER:
+        raise CapabilityError(f"{FALLBACK_ENV}={fallback!r} is not a known fallback; the only one is "
+                              f"{FALLBACK_FILTER!r}", capability="config", status=500)
+    if renders_policy is False and not fallback:
+        raise CapabilityError(
+            f"the chat template ({origin}) cannot place the per-turn allowed-tools policy after the "
+            f"stable prefix: it never reads the `{TEMPLATE_KWARG}` template variable. Use one of "
+            "our templates (--chat-template, see vllm_allowed_tools.templates), add a tail block "
+            f"that renders `{TEMPLATE_KWARG}` (mode, names) after the last message, or opt in to "
+            f"catalog filtering with {FALLBACK_ENV}={FALLBACK_FILTER} (breaks prompt-cache reuse "
+            "when the subset changes)", capability="chat_template", status=500)
+    return ServerCapabilities(template=origin, template_renders_policy=renders_policy,
+                              filter_catalog=renders_policy is False and fallback == FALLBACK_FILTER)

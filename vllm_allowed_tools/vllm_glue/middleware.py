@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 import logging
 from typing import Any, Awaitable, Callable
 
 from ..errors import AllowedToolsError
 from ..guard import (AllowedToolsViolation, CatalogPolicy, ChatStreamGuard, GuardedSSE,
                      ResponsesStreamGuard, check_chat_completion, check_responses_object)
-from ..rewrite import Api, restore_echo, rewrite_request
+from ..metrics import record_fallback
+from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
 from ..sse import SSEEvent, SSEFramer
 
 logger = logging.getLogger(__name__)
@@ -218,7 +220,8 @@ class AllowedToolsMiddleware:
         import sys
 
         from .capabilities import check_server_args
-        check_server_args(sys.argv)   # fail at start-up, not per request, when we could not enforce
+        # fail at start-up, not per request, when we could not enforce
+        self.capabilities = check_server_args(sys.argv)
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -241,6 +244,10 @@ class AllowedToolsMiddleware:
         except AllowedToolsError as exc:
             await _send_json(send, exc.status, exc.to_openai())
             return
+        if self.capabilities.filter_catalog and rewritten.policy is not None \
+                and rewritten.policy.has_allowlist:
+            rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.policy))
+            record_fallback("filter_catalog")
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
             scope = dict(scope, headers=_with_content_length(list(scope.get("headers", [])), len(body)))
