@@ -32,19 +32,15 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import subprocess
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import _RUNNING, RunningServer, stop_cli_server
+from conftest import RunningServer, start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.prefix import policy_block_offset, render_with_policy
 from vllm_allowed_tools.render import render_chat
-from vllm_allowed_tools.serve import TEMPLATE_FOR_PARSER, free_port
+from vllm_allowed_tools.serve import TEMPLATE_FOR_PARSER
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 
 pytestmark = pytest.mark.server
@@ -101,30 +97,11 @@ def model_with_tokens(tokens: tuple[str, ...], out: Path) -> Path:
 
 def start_parser_server(parser: str, model_dir: Path | None = None,
                         timeout: float = 600.0) -> RunningServer:
-    """`vllm-allowed-tools serve-tiny --parser PARSER` (like conftest.start_cli_server, plus a parser)."""
-    port = free_port()
-    log_path = Path(tempfile.mkstemp(prefix=f"vllm-{parser}-", suffix=".log")[1])
-    command = [sys.executable, "-m", "vllm_allowed_tools.cli", "serve-tiny", "--port", str(port),
-               "--flavour", "random", "--parser", parser, "--log-file", str(log_path)]
-    if model_dir is not None:
-        command += ["--model-dir", str(model_dir)]
-    command += ["--", "--enable-scale-out"]   # serves /v1/chat/completions/render
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=None, text=True)
-    deadline = time.monotonic() + timeout
-    line = ""
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if line.startswith("http") or process.poll() is not None or line == "":
-            break
-    if not line.startswith("http"):
-        process.kill()
-        tail = log_path.read_text(errors="replace")[-6000:] if log_path.exists() else ""
-        pytest.fail(f"serve-tiny --parser {parser} did not come up (exit {process.poll()}):\n{tail}")
-    base_url = line.strip()
-    server = RunningServer(base_url=base_url, root_url=base_url.removesuffix("/v1"), process=process,
-                           log_path=log_path, flavour=f"random/{parser}")
-    _RUNNING.append(server)
-    return server
+    """`vllm-allowed-tools serve-tiny --parser PARSER` (conftest's starter, plus a parser); the
+    scale-out endpoints serve /v1/chat/completions/render."""
+    options = ["--parser", parser] + (["--model-dir", str(model_dir)] if model_dir else [])
+    return start_cli_server("random", extra_args=["--enable-scale-out"], timeout=timeout,
+                            options=options)
 
 
 @pytest.fixture(scope="module", params=[case.parser for case in CASES])

@@ -50,20 +50,6 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
             return b"".join(chunks), False
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that yields `body` once, then defers to the real one (for http.disconnect)."""
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
 def _with_content_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
     kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
     return kept + [(b"content-length", str(length).encode())]
@@ -237,7 +223,7 @@ class AllowedToolsMiddleware:
         except ValueError:
             data = None
         if not isinstance(data, dict):   # vLLM answers malformed JSON itself
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, _Stop().receive(body, receive), send)
             return
         try:
             rewritten = rewrite_request(data, api)
