@@ -1,0 +1,387 @@
+"""The operator's approval policy: which tools need a person's approval, for how long, at what scope.
+
+The operator names one file at launch (JSON, or TOML read with :mod:`tomllib`). Example (TOML)::
+
+    # unmatched tools: "none" (released without asking, the default) or "required"
+    default_approval = "none"
+    # seconds an elicitation stays answerable (default 900)
+    expires_in = 900
+
+    # seconds a minted grant lives, per scope (defaults: session 86400, always 2592000)
+    [grant_expires_in]
+    session = 86400
+    always = 2592000
+
+    [[rules]]                      # first matching rule wins
+    tools = ["crm__*", "send_email"]
+    approval = "required"
+    scopes = ["once", "session"]   # what the person may choose (default: all three)
+    expires_in = 300               # overrides the top-level value for these tools
+    bind_arguments = false         # true: session/always grants cover only identical arguments
+
+    [[rules]]
+    tools = ["get_*"]
+    approval = "none"
+
+The same structure as JSON: ``{"default_approval": "none", "rules": [{"tools": [...], ...}]}``.
+
+Decisions:
+
+* Tools are matched by their **canonical identity's flat name** (``name``, or ``namespace__name`` for
+  a Responses namespace member, exactly what the model sees), with :func:`fnmatch.fnmatchcase`
+  globs (``*``, ``?``, ``[...]``; case-sensitive on every OS). Names are never split on ``__``.
+* Rules are checked **in order; the first rule whose globs match decides** (like a firewall), so an
+  operator can write exceptions before a catch-all. No rule matches: ``default_approval``, with the
+  top-level ``scopes`` / ``expires_in`` / ``bind_arguments``.
+* Unknown keys, wrong types, empty scope lists and non-positive durations are errors naming the
+  offending key (``rules[2].scopes[1]``), raised when the file is loaded: a typo in a security policy
+  must stop the server from starting, not be ignored.
+* A **tool definition may ask for approval too**, with an ``approval`` object next to its
+  ``parameters`` (see :func:`approval_hint`)::
+
+      {"type": "function", "name": "delete_repo", "parameters": {...},
+       "approval": {"required": true, "scopes": ["once"], "expires_in": 60, "bind_arguments": true}}
+
+  :meth:`ApprovalPolicy.effective` combines it with the operator's rule so that the client can only
+  **tighten**: ``required`` is OR-ed, ``scopes`` intersected, ``expires_in`` the minimum,
+  ``bind_arguments`` OR-ed. ``"required": false`` never lifts the operator's requirement. A hint
+  whose scopes share nothing with the operator's is refused (a 400 naming ``approval.scopes``): such
+  a call could never be approved.
+* The ``session`` scope is only offered when the request has a session (see the engine).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..policy import FunctionSpec, ToolIdentity
+from .errors import ApprovalInputError, PolicyFileError
+
+__all__ = [
+    "SCOPES",
+    "ApprovalPolicy",
+    "EffectiveApproval",
+    "Rule",
+    "approval_hint",
+    "load_policy",
+    "parse_hint",
+]
+
+#: Every approval scope, narrowest first. ``once`` mints no grant; the others do.
+SCOPES: tuple[str, ...] = ("once", "session", "always")
+
+DEFAULT_EXPIRES_IN = 900
+DEFAULT_GRANT_EXPIRES_IN: Mapping[str, int] = {"session": 86_400, "always": 30 * 86_400}
+
+_TOP_KEYS = frozenset({"default_approval", "expires_in", "grant_expires_in", "scopes",
+                       "bind_arguments", "rules"})
+_RULE_KEYS = frozenset({"tools", "approval", "scopes", "expires_in", "bind_arguments", "message"})
+_HINT_KEYS = frozenset({"required", "scopes", "expires_in", "bind_arguments"})
+_APPROVAL_VALUES = ("required", "none")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``[[rules]]`` entry: globs over flat names and what applies to the tools they match."""
+
+    tools: tuple[str, ...]
+    required: bool
+    scopes: tuple[str, ...] | None = None  # None: the top-level scopes
+    expires_in: int | None = None  # None: the top-level expires_in
+    bind_arguments: bool | None = None  # None: the top-level value
+    message: str | None = None  # shown in the elicitation's message, before the standard text
+    index: int = 0
+
+    def matches(self, flat_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(flat_name, pattern) for pattern in self.tools)
+
+
+@dataclass(frozen=True)
+class EffectiveApproval:
+    """What applies to one call of one tool, after the operator's rule and the definition's hint.
+
+    ``source`` says what decided (``rules[3]``, ``default``) plus ``+definition`` when the tool
+    definition tightened it; it is for logs and audit, not for decisions.
+    """
+
+    required: bool
+    scopes: tuple[str, ...]
+    expires_in: int
+    grant_expires_in: Mapping[str, int] = field(hash=False)
+    bind_arguments: bool
+    message: str | None
+    source: str
+
+    def offered_scopes(self, has_session: bool) -> tuple[str, ...]:
+        """The scopes an elicitation may offer: ``session`` only when there is a session."""
+        return tuple(s for s in self.scopes if has_session or s != "session")
+
+    def allows_grant(self, scope: str, has_arguments_constraint: bool) -> bool:
+        """May an existing grant of ``scope`` release a call under this policy now? A grant stops
+        applying when its scope is no longer offered or it lacks a now-required argument binding."""
+        if scope not in self.scopes:
+            return False
+        return has_arguments_constraint or not self.bind_arguments
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """The operator's policy (immutable). Build it with :func:`load_policy` or :meth:`from_mapping`."""
+
+    rules: tuple[Rule, ...] = ()
+    default_required: bool = False
+    scopes: tuple[str, ...] = SCOPES
+    expires_in: int = DEFAULT_EXPIRES_IN
+    grant_expires_in: Mapping[str, int] = field(default_factory=lambda: dict(DEFAULT_GRANT_EXPIRES_IN),
+                                                hash=False)
+    bind_arguments: bool = False
+
+    @classmethod
+    def from_mapping(cls, data: Any, *, origin: str = "approval policy") -> ApprovalPolicy:
+        """Validate a parsed policy document; :class:`PolicyFileError` names the bad key."""
+        return _parse_policy(data, origin)
+
+    @classmethod
+    def require_all(cls, scopes: Sequence[str] = SCOPES) -> ApprovalPolicy:
+        """Every tool needs approval (a convenient default for tests and strict deployments)."""
+        return cls(default_required=True, scopes=tuple(scopes))
+
+    def rule_for(self, flat_name: str) -> Rule | None:
+        for rule in self.rules:
+            if rule.matches(flat_name):
+                return rule
+        return None
+
+    def effective(self, tool: FunctionSpec | ToolIdentity | str,
+                  hint: Mapping[str, Any] | None = None, *,
+                  hint_param: str = "approval") -> EffectiveApproval:
+        """The approval that applies to ``tool`` (a spec, an identity or a flat name).
+
+        ``hint`` is the tool definition's ``approval`` object (see :func:`approval_hint`), or None. It
+        can only tighten the operator's rule; a malformed hint raises :class:`ApprovalInputError`
+        (HTTP 400) whose ``param`` is ``hint_param`` plus the key, so the glue can point at
+        ``tools[3].approval.scopes``.
+        """
+        flat_name = _flat_name(tool)
+        rule = self.rule_for(flat_name)
+        if rule is None:
+            required, scopes, expires_in = self.default_required, self.scopes, self.expires_in
+            bind, message, source = self.bind_arguments, None, "default"
+        else:
+            required = rule.required
+            scopes = rule.scopes if rule.scopes is not None else self.scopes
+            expires_in = rule.expires_in if rule.expires_in is not None else self.expires_in
+            bind = rule.bind_arguments if rule.bind_arguments is not None else self.bind_arguments
+            message, source = rule.message, f"rules[{rule.index}]"
+        if hint is not None:
+            h = parse_hint(hint, param=hint_param)
+            tightened = False
+            if h.get("required") is True and not required:
+                required, tightened = True, True
+            if "scopes" in h:
+                narrowed = tuple(s for s in scopes if s in h["scopes"])
+                if not narrowed:
+                    raise ApprovalInputError(
+                        f"{hint_param}.scopes {list(h['scopes'])} shares no scope with what the "
+                        f"server's approval policy allows for {flat_name!r} ({list(scopes)}); such "
+                        "a call could never be approved. Pick scopes from that list.",
+                        param=f"{hint_param}.scopes", code="invalid_approval_hint")
+                tightened = tightened or narrowed != scopes
+                scopes = narrowed
+            if "expires_in" in h and h["expires_in"] < expires_in:
+                expires_in, tightened = h["expires_in"], True
+            if h.get("bind_arguments") is True and not bind:
+                bind, tightened = True, True
+            if tightened:
+                source += "+definition"
+        return EffectiveApproval(required=required, scopes=tuple(scopes), expires_in=int(expires_in),
+                                 grant_expires_in=dict(self.grant_expires_in), bind_arguments=bind,
+                                 message=message, source=source)
+
+
+def _flat_name(tool: FunctionSpec | ToolIdentity | str) -> str:
+    if isinstance(tool, str):
+        return tool
+    if isinstance(tool, (FunctionSpec, ToolIdentity)):
+        return tool.flat_name
+    raise TypeError(f"expected a FunctionSpec, ToolIdentity or flat name, got {type(tool).__name__}")
+
+
+# --------------------------------------------------------------------------------------------------
+# loading
+
+
+def load_policy(path: str | Path) -> ApprovalPolicy:
+    """Read the operator's policy file: ``.toml`` with :mod:`tomllib`, anything else as JSON.
+
+    Raises :class:`PolicyFileError` (naming the file and the key) for unreadable, unparsable or
+    invalid files.
+    """
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise PolicyFileError(f"cannot read approval policy {str(p)!r}: {exc.strerror or exc}") from exc
+    if p.suffix.lower() == ".toml":
+        try:
+            import tomllib  # Python 3.11+
+        except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+            try:
+                import tomli as tomllib  # type: ignore[no-redef]
+            except ModuleNotFoundError as exc:
+                raise PolicyFileError(f"{str(p)!r} is TOML, which needs Python 3.11+ (or the `tomli` "
+                                      "package); write the policy as JSON instead") from exc
+        try:
+            data = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise PolicyFileError(f"approval policy {str(p)!r} is not valid TOML: {exc}") from exc
+    else:
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise PolicyFileError(f"approval policy {str(p)!r} is not valid JSON: {exc}") from exc
+    return _parse_policy(data, str(p))
+
+
+def _fail(origin: str, key: str, message: str) -> PolicyFileError:
+    return PolicyFileError(f"{origin}: {key}: {message}", key=key)
+
+
+def _check_keys(data: Mapping[str, Any], allowed: frozenset[str], prefix: str, origin: str) -> None:
+    for key in data:
+        if key not in allowed:
+            where = f"{prefix}.{key}" if prefix else str(key)
+            raise _fail(origin, where, f"unknown key; expected one of {sorted(allowed)}")
+
+
+def _duration(value: Any, key: str, origin: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value <= 0 or value != int(value):
+        raise _fail(origin, key, f"must be a positive whole number of seconds, got {value!r}")
+    return int(value)
+
+
+def _bool(value: Any, key: str, origin: str) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(origin, key, f"must be true or false, got {value!r}")
+    return value
+
+
+def _scopes(value: Any, key: str, origin: str) -> tuple[str, ...]:
+    if not isinstance(value, list) or not value:
+        raise _fail(origin, key, f"must be a non-empty list of scopes from {list(SCOPES)}")
+    for i, scope in enumerate(value):
+        if scope not in SCOPES:
+            raise _fail(origin, f"{key}[{i}]", f"{scope!r} is not a scope; expected one of "
+                                               f"{list(SCOPES)}")
+    return tuple(s for s in SCOPES if s in value)  # canonical order, duplicates once
+
+
+def _approval(value: Any, key: str, origin: str) -> bool:
+    if value not in _APPROVAL_VALUES:
+        raise _fail(origin, key, f"must be \"required\" or \"none\", got {value!r}")
+    return value == "required"
+
+
+def _parse_policy(data: Any, origin: str) -> ApprovalPolicy:
+    if not isinstance(data, Mapping):
+        raise _fail(origin, "(top level)", "must be an object / table")
+    _check_keys(data, _TOP_KEYS, "", origin)
+    default_required = _approval(data.get("default_approval", "none"), "default_approval", origin)
+    expires_in = _duration(data.get("expires_in", DEFAULT_EXPIRES_IN), "expires_in", origin)
+    scopes = _scopes(data["scopes"], "scopes", origin) if "scopes" in data else SCOPES
+    bind = _bool(data.get("bind_arguments", False), "bind_arguments", origin)
+    grant_ttl = dict(DEFAULT_GRANT_EXPIRES_IN)
+    if "grant_expires_in" in data:
+        raw_ttl = data["grant_expires_in"]
+        if not isinstance(raw_ttl, Mapping):
+            raise _fail(origin, "grant_expires_in", "must be an object with `session` and/or `always`")
+        _check_keys(raw_ttl, frozenset({"session", "always"}), "grant_expires_in", origin)
+        for scope, seconds in raw_ttl.items():
+            grant_ttl[scope] = _duration(seconds, f"grant_expires_in.{scope}", origin)
+    rules_raw = data.get("rules", [])
+    if not isinstance(rules_raw, list):
+        raise _fail(origin, "rules", "must be a list of rules ([[rules]] in TOML)")
+    rules = []
+    for i, raw in enumerate(rules_raw):
+        key = f"rules[{i}]"
+        if not isinstance(raw, Mapping):
+            raise _fail(origin, key, "must be an object / table")
+        _check_keys(raw, _RULE_KEYS, key, origin)
+        tools = raw.get("tools")
+        if isinstance(tools, str):
+            tools = [tools]
+        if not isinstance(tools, list) or not tools:
+            raise _fail(origin, f"{key}.tools", "must be a non-empty list of tool name globs")
+        for j, pattern in enumerate(tools):
+            if not isinstance(pattern, str) or not pattern:
+                raise _fail(origin, f"{key}.tools[{j}]", f"must be a non-empty string, got {pattern!r}")
+        if "approval" not in raw:
+            raise _fail(origin, f"{key}.approval", "is required (\"required\" or \"none\")")
+        message = raw.get("message")
+        if message is not None and not isinstance(message, str):
+            raise _fail(origin, f"{key}.message", f"must be a string, got {message!r}")
+        rules.append(Rule(
+            tools=tuple(tools),
+            required=_approval(raw["approval"], f"{key}.approval", origin),
+            scopes=_scopes(raw["scopes"], f"{key}.scopes", origin) if "scopes" in raw else None,
+            expires_in=(_duration(raw["expires_in"], f"{key}.expires_in", origin)
+                        if "expires_in" in raw else None),
+            bind_arguments=(_bool(raw["bind_arguments"], f"{key}.bind_arguments", origin)
+                            if "bind_arguments" in raw else None),
+            message=message, index=i))
+    return ApprovalPolicy(rules=tuple(rules), default_required=default_required, scopes=scopes,
+                          expires_in=expires_in, grant_expires_in=grant_ttl, bind_arguments=bind)
+
+
+# --------------------------------------------------------------------------------------------------
+# the tool definition's own approval request
+
+
+def approval_hint(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``approval`` object of one tool definition, or None.
+
+    Responses function tools and namespace members carry it at their top level; Chat tools inside
+    ``function`` (a top-level one is accepted too). Validation happens in
+    :meth:`ApprovalPolicy.effective` (or :func:`parse_hint`).
+    """
+    if not isinstance(tool, Mapping):
+        return None
+    if "approval" in tool:
+        return tool["approval"]
+    fn = tool.get("function")
+    if isinstance(fn, Mapping) and "approval" in fn:
+        return fn["approval"]
+    return None
+
+
+def parse_hint(hint: Any, *, param: str = "approval") -> dict[str, Any]:
+    """Validate a tool definition's ``approval`` object; errors name ``param`` plus the key."""
+    def bad(key: str, message: str) -> ApprovalInputError:
+        return ApprovalInputError(f"{key} {message}", param=key, code="invalid_approval_hint")
+
+    if not isinstance(hint, Mapping):
+        raise bad(param, "must be an object such as {\"required\": true, \"scopes\": [\"once\"]}.")
+    out: dict[str, Any] = {}
+    for key, value in hint.items():
+        where = f"{param}.{key}"
+        if key not in _HINT_KEYS:
+            raise bad(where, f"is not a known approval setting; expected one of {sorted(_HINT_KEYS)}.")
+        if key in ("required", "bind_arguments"):
+            if not isinstance(value, bool):
+                raise bad(where, f"must be true or false, got {json.dumps(value, default=repr)}.")
+        elif key == "scopes":
+            if not isinstance(value, list) or not value or any(s not in SCOPES for s in value):
+                raise bad(where, f"must be a non-empty list of scopes from {list(SCOPES)}.")
+            value = tuple(s for s in SCOPES if s in value)
+        elif key == "expires_in":
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise bad(where, "must be a positive whole number of seconds.")
+        out[key] = value
+    return out
