@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from openai import OpenAI
 

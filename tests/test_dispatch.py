@@ -614,7 +614,7 @@ def test_every_error_renders_for_the_model():
     assert len(set(codes)) == len(codes)
 
 
-def test_refusal_is_fast():
+def test_dispatch_is_cheap():
     d = Dispatcher({"read_file": lambda a, i: "ok"}, authorize=allow_all)
     t = turn()
     start = time.perf_counter()

@@ -1017,7 +1017,13 @@ class Dispatcher:
         if outcome is None or (outcome.result is None and outcome.error is None):
             raise RuntimeError("the idempotency store returned a completed key without an outcome")
         if outcome.result is not None:
-            return dataclasses.replace(outcome.result, replayed=True, call_id=call_id)
+            stored = outcome.result
+            try:  # the caller may mutate what it gets; the stored outcome must not change
+                output, arguments = copy.deepcopy(stored.output), copy.deepcopy(stored.arguments)
+            except Exception:  # noqa: BLE001 - an output that cannot be copied is shared as is
+                output, arguments = stored.output, stored.arguments
+            return dataclasses.replace(stored, replayed=True, call_id=call_id, output=output,
+                                       arguments=arguments)
         error = copy.copy(outcome.error)
         error.replayed = True
         error.call_id = call_id
