@@ -76,6 +76,7 @@ __all__ = [
     "parse_elicitation_response",
     "parse_input_items",
     "register_elicitation_type",
+    "unregister_elicitation_type",
 ]
 
 ELICITATION = "elicitation"
@@ -150,6 +151,16 @@ def register_elicitation_type(kind: ElicitationType, *, replace: bool = False) -
             raise ValueError(f"elicitation type {kind.name!r} is already registered")
         _REGISTRY[kind.name] = kind
         _registry_version += 1
+
+
+def unregister_elicitation_type(name: str) -> None:
+    """Remove a registered type (items of it become unknown: a 400). ``tool_call_approval`` stays."""
+    global _registry_version
+    if name == TOOL_CALL_APPROVAL:
+        raise ValueError("tool_call_approval cannot be unregistered")
+    with _REGISTRY_LOCK:
+        if _REGISTRY.pop(name, None) is not None:
+            _registry_version += 1
 
 
 def elicitation_types() -> tuple[str, ...]:
@@ -255,6 +266,11 @@ def _validator(kind: str, type_name: str | None, version: int) -> Any:
     return Draft202012Validator(schema)
 
 
+def _js(value: Any) -> str:
+    text = json.dumps(value, default=repr, ensure_ascii=False)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _path_param(base: str, path: Sequence[Any]) -> str:
     out = base
     for part in path:
@@ -283,6 +299,16 @@ def _check(kind: str, type_name: str | None, item: Any, param: str, code: str,
         problem = f"is not a field of this item (known fields: {', '.join(sorted(known))})"
     elif error.validator == "type" and not path and not isinstance(instance, Mapping):
         problem = "must be a JSON object"
+    elif error.validator == "enum":
+        problem = (f"must be one of {', '.join(_js(v) for v in error.validator_value)}, "
+                   f"got {_js(instance)}")
+    elif error.validator == "const":
+        problem = (f"must be {_js(error.validator_value)} here, got {_js(instance)}"
+                   if error.validator_value is not None else f"must be absent here, got {_js(instance)}")
+    elif error.validator == "type":
+        expected = error.validator_value
+        expected = " or ".join(expected) if isinstance(expected, list) else expected
+        problem = f"must be of type {expected}, got {_js(instance)}"
     else:
         problem = f"is invalid: {error.message}"
     where = _path_param(param, path)

@@ -380,8 +380,8 @@ def parse_hint(hint: Any, *, param: str = "approval") -> dict[str, Any]:
             if not isinstance(value, list) or not value or any(s not in SCOPES for s in value):
                 raise bad(where, f"must be a non-empty list of scopes from {list(SCOPES)}.")
             value = tuple(s for s in SCOPES if s in value)
-        elif key == "expires_in":
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise bad(where, "must be a positive whole number of seconds.")
+        elif key == "expires_in" and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value <= 0):
+            raise bad(where, "must be a positive whole number of seconds.")
         out[key] = value
     return out

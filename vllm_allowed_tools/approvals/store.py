@@ -1,0 +1,622 @@
+"""Where pending elicitations and grants live: the :class:`GrantStore` protocol and two backends.
+
+Two kinds of record, kept apart as the proposal's discussion asks:
+
+* :class:`ElicitationRecord`: the server's own record of one proposed call it paused (call id, exact
+  arguments, both digests, offered scopes, expiry, who and which session it was asked of) and, once
+  answered, how (``status``, ``response_id``, ``scope``, ``reason``, the minted ``grant_id``). The
+  transcript's items are only pointers to it: the server never trusts what the client echoes.
+* :class:`Grant`: a reusable authority minted by a ``session`` / ``always`` acceptance: subject
+  (the authenticated principal), session (``session`` scope only), tool identity, definition
+  digest, optional argument digest, scope, origin ids, expiry, revocation.
+
+:meth:`GrantStore.consume` is the heart: it turns a pending elicitation into a terminal one and
+inserts the grant (if any) **in one transaction**, only if the record is still ``pending`` and not
+expired. Two follow-ups racing on one elicitation: exactly one consumes it; the other sees it
+already consumed. A writer killed mid-transaction leaves neither the status change nor the grant.
+
+Backends:
+
+* :class:`SQLiteGrantStore` (the embedded default): one file, WAL journal, ``synchronous=FULL`` (a
+  consumed elicitation must survive a power cut, or it could be replayed), writes in ``BEGIN
+  IMMEDIATE`` transactions (the write lock is taken up front, so concurrent writers queue on
+  ``busy_timeout`` instead of failing on a lock upgrade), one connection per thread and per
+  process. Safe for several API server processes on one host. Not for network file systems.
+* :class:`PostgresGrantStore` (several hosts): the same SQL through :mod:`psycopg` (3), the pending
+  row locked with ``SELECT ... FOR UPDATE`` while it is consumed.
+
+All methods are blocking: call them from a worker thread (``asyncio.to_thread``) in an event loop.
+Times are Unix seconds (floats; wire ``expires_at`` are whole seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from ..policy import ToolIdentity
+from .items import TOOL_CALL_APPROVAL, ToolCallApproval
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "ConsumeResult",
+    "ElicitationRecord",
+    "Grant",
+    "GrantStore",
+    "PostgresGrantStore",
+    "SQLiteGrantStore",
+    "open_store",
+]
+
+SCHEMA_VERSION = 1
+
+#: Terminal statuses of an elicitation record (``pending`` is the only other one).
+TERMINAL_STATUSES = frozenset({"accepted", "declined", "cancelled", "expired", "unanswered",
+                               "invalidated"})
+_ACTION_STATUS = {"accept": "accepted", "decline": "declined", "cancel": "cancelled"}
+
+
+@dataclass(frozen=True)
+class ElicitationRecord:
+    """The server's record of one paused call (see the module docstring)."""
+
+    id: str
+    principal: str
+    session: str | None
+    batch_id: str
+    call_id: str
+    namespace: str | None
+    name: str
+    arguments: str
+    arguments_digest: str
+    definition_digest: str
+    requested_scopes: tuple[str, ...]
+    bind_arguments: bool
+    grant_expires_in: dict[str, int] = field(hash=False)
+    message: str = ""
+    created_at: float = 0.0
+    expires_at: float = 0.0
+    elicitation_type: str = TOOL_CALL_APPROVAL
+    status: str = "pending"
+    response_id: str | None = None
+    action: str | None = None
+    scope: str | None = None
+    reason: str | None = None
+    resolved_at: float | None = None
+    grant_id: str | None = None
+
+    @property
+    def identity(self) -> ToolIdentity:
+        return ToolIdentity(self.namespace, self.name)
+
+    def to_item(self) -> ToolCallApproval:
+        """The wire item for this record (what the client is shown)."""
+        return ToolCallApproval(id=self.id, message=self.message, call_id=self.call_id,
+                                name=self.name, namespace=self.namespace, arguments=self.arguments,
+                                arguments_digest=self.arguments_digest,
+                                tool_definition_digest=self.definition_digest,
+                                requested_scopes=self.requested_scopes,
+                                expires_at=int(self.expires_at))
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A reusable approval (``session`` or ``always``). ``session`` is None for ``always`` grants;
+    ``origin_session`` is where it was given either way (audit)."""
+
+    id: str
+    subject: str
+    session: str | None
+    namespace: str | None
+    name: str
+    definition_digest: str
+    arguments_digest: str | None
+    scope: Literal["session", "always"]
+    origin_elicitation_id: str
+    origin_response_id: str
+    origin_session: str | None
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None = None
+    revoked_reason: str | None = None
+
+    @property
+    def identity(self) -> ToolIdentity:
+        return ToolIdentity(self.namespace, self.name)
+
+    def is_live(self, now: float) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "subject": self.subject, "session": self.session,
+                "namespace": self.namespace, "name": self.name,
+                "tool": ToolIdentity(self.namespace, self.name).flat_name,
+                "definition_digest": self.definition_digest,
+                "arguments_digest": self.arguments_digest, "scope": self.scope,
+                "origin_elicitation_id": self.origin_elicitation_id,
+                "origin_response_id": self.origin_response_id,
+                "origin_session": self.origin_session, "created_at": self.created_at,
+                "expires_at": self.expires_at, "revoked_at": self.revoked_at,
+                "revoked_reason": self.revoked_reason}
+
+
+@dataclass(frozen=True)
+class ConsumeResult:
+    """What :meth:`GrantStore.consume` did.
+
+    * ``consumed``: the record was pending and is now terminal with the given status; ``grant``
+      (if one was passed) is stored.
+    * ``expired``: it was pending but past ``expires_at``; it is now ``expired``; no grant.
+    * ``already``: it was terminal before; nothing changed (``record.response_id`` says by whom).
+    * ``missing``: no such record for this principal and session.
+    """
+
+    outcome: Literal["consumed", "expired", "already", "missing"]
+    record: ElicitationRecord | None = None
+    grant: Grant | None = None
+
+
+@runtime_checkable
+class GrantStore(Protocol):
+    """Storage of elicitation records and grants. Every method is atomic on its own."""
+
+    def add_elicitations(self, records: Sequence[ElicitationRecord]) -> None:
+        """Insert new pending records (all or none)."""
+
+    def get_elicitation(self, elicitation_id: str) -> ElicitationRecord | None: ...
+
+    def consume(self, elicitation_id: str, *, principal: str, session: str | None,
+                response_id: str, status: str, scope: str | None, reason: str | None, now: float,
+                grant: Grant | None = None, ignore_expiry: bool = False) -> ConsumeResult:
+        """Atomically: if the record (of ``principal`` and ``session``) is pending and
+        ``now < expires_at`` (or ``ignore_expiry``, for declines the server itself decides), make it
+        terminal with ``status`` and insert ``grant``; see :class:`ConsumeResult`."""
+
+    def pending_in_batches(self, batch_ids: Sequence[str]) -> list[ElicitationRecord]: ...
+
+    def find_grants(self, *, subject: str, session: str | None, identity: ToolIdentity,
+                    definition_digest: str, arguments_digest: str, now: float) -> list[Grant]:
+        """Live grants (not revoked, not expired) of ``subject`` for exactly this tool identity and
+        definition, of scope ``always`` or of scope ``session`` for this ``session``, whose argument
+        constraint (if any) equals ``arguments_digest``; oldest first."""
+
+    def get_grant(self, grant_id: str) -> Grant | None: ...
+
+    def list_grants(self, *, subject: str | None = None, include_inactive: bool = False,
+                    now: float) -> list[Grant]: ...
+
+    def revoke_grant(self, grant_id: str, *, now: float, reason: str | None = None) -> bool:
+        """Mark a grant revoked; False when there is no such grant or it was already revoked."""
+
+    def purge(self, *, before: float) -> int:
+        """Delete terminal elicitations resolved before ``before`` and grants that expired or were
+        revoked before it; returns how many rows went. (A purged elicitation answered again is
+        unknown: still nothing executes.)"""
+
+    def close(self) -> None: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# SQL shared by both backends ("?" placeholders; PostgreSQL's are rewritten to "%s")
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS elicitations (
+        id TEXT PRIMARY KEY,
+        elicitation_type TEXT NOT NULL,
+        principal TEXT NOT NULL,
+        session TEXT NOT NULL,               -- '' when the request had no session
+        batch_id TEXT NOT NULL,
+        call_id TEXT NOT NULL,
+        namespace TEXT NOT NULL,             -- '' for a top-level function
+        name TEXT NOT NULL,
+        arguments TEXT NOT NULL,
+        arguments_digest TEXT NOT NULL,
+        definition_digest TEXT NOT NULL,
+        requested_scopes TEXT NOT NULL,      -- JSON list
+        bind_arguments INTEGER NOT NULL,
+        grant_expires_in TEXT NOT NULL,      -- JSON object scope -> seconds
+        message TEXT NOT NULL,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION NOT NULL,
+        status TEXT NOT NULL,
+        response_id TEXT,
+        action TEXT,
+        scope TEXT,
+        reason TEXT,
+        resolved_at DOUBLE PRECISION,
+        grant_id TEXT,
+        CHECK (status IN ('pending', 'accepted', 'declined', 'cancelled', 'expired', 'unanswered',
+                          'invalidated')),
+        CHECK ((status = 'pending') = (response_id IS NULL))
+    )""",
+    "CREATE INDEX IF NOT EXISTS elicitations_batch ON elicitations (batch_id, status)",
+    """CREATE TABLE IF NOT EXISTS grants (
+        id TEXT PRIMARY KEY,
+        subject TEXT NOT NULL,
+        session TEXT,                        -- NULL for scope 'always'
+        namespace TEXT NOT NULL,             -- '' for a top-level function
+        name TEXT NOT NULL,
+        definition_digest TEXT NOT NULL,
+        arguments_digest TEXT,
+        scope TEXT NOT NULL,
+        origin_elicitation_id TEXT NOT NULL UNIQUE REFERENCES elicitations (id),
+        origin_response_id TEXT NOT NULL,
+        origin_session TEXT,
+        created_at DOUBLE PRECISION NOT NULL,
+        expires_at DOUBLE PRECISION,
+        revoked_at DOUBLE PRECISION,
+        revoked_reason TEXT,
+        CHECK (scope IN ('session', 'always')),
+        CHECK ((scope = 'session') = (session IS NOT NULL))
+    )""",
+    "CREATE INDEX IF NOT EXISTS grants_lookup ON grants (subject, name, namespace)",
+]
+
+_ELICITATION_COLUMNS = (
+    "id", "elicitation_type", "principal", "session", "batch_id", "call_id", "namespace", "name",
+    "arguments", "arguments_digest", "definition_digest", "requested_scopes", "bind_arguments",
+    "grant_expires_in", "message", "created_at", "expires_at", "status", "response_id", "action",
+    "scope", "reason", "resolved_at", "grant_id")
+_GRANT_COLUMNS = (
+    "id", "subject", "session", "namespace", "name", "definition_digest", "arguments_digest",
+    "scope", "origin_elicitation_id", "origin_response_id", "origin_session", "created_at",
+    "expires_at", "revoked_at", "revoked_reason")
+_E_COLS = ", ".join(_ELICITATION_COLUMNS)
+_G_COLS = ", ".join(_GRANT_COLUMNS)
+
+
+def _elicitation_row(r: ElicitationRecord) -> tuple[Any, ...]:
+    return (r.id, r.elicitation_type, r.principal, r.session or "", r.batch_id, r.call_id,
+            r.namespace or "", r.name, r.arguments, r.arguments_digest, r.definition_digest,
+            json.dumps(list(r.requested_scopes)), int(r.bind_arguments),
+            json.dumps(r.grant_expires_in, sort_keys=True), r.message, r.created_at, r.expires_at,
+            r.status, r.response_id, r.action, r.scope, r.reason, r.resolved_at, r.grant_id)
+
+
+def _elicitation_from(row: Sequence[Any]) -> ElicitationRecord:
+    d = dict(zip(_ELICITATION_COLUMNS, row))
+    d["session"] = d["session"] or None
+    d["namespace"] = d["namespace"] or None
+    d["requested_scopes"] = tuple(json.loads(d["requested_scopes"]))
+    d["bind_arguments"] = bool(d["bind_arguments"])
+    d["grant_expires_in"] = json.loads(d["grant_expires_in"])
+    return ElicitationRecord(**d)
+
+
+def _grant_row(g: Grant) -> tuple[Any, ...]:
+    return (g.id, g.subject, g.session, g.namespace or "", g.name, g.definition_digest,
+            g.arguments_digest, g.scope, g.origin_elicitation_id, g.origin_response_id,
+            g.origin_session, g.created_at, g.expires_at, g.revoked_at, g.revoked_reason)
+
+
+def _grant_from(row: Sequence[Any]) -> Grant:
+    d = dict(zip(_GRANT_COLUMNS, row))
+    d["namespace"] = d["namespace"] or None
+    return Grant(**d)
+
+
+class _SQLStore:
+    """The store logic over a DB-API connection; subclasses supply connections and transactions."""
+
+    #: called inside every write transaction just before COMMIT (tests use it to kill a writer there)
+    before_commit: Callable[[], None] | None = None
+
+    def _tx(self) -> Any:  # context manager yielding a cursor-like object with execute/fetch*
+        raise NotImplementedError
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _lock_clause(self) -> str:
+        return ""
+
+    # -- elicitations
+
+    def add_elicitations(self, records: Sequence[ElicitationRecord]) -> None:
+        placeholders = ", ".join("?" for _ in _ELICITATION_COLUMNS)
+        with self._tx() as cur:
+            for record in records:
+                if record.status != "pending":
+                    raise ValueError("only pending elicitations can be added")
+                cur.execute(f"INSERT INTO elicitations ({_E_COLS}) VALUES ({placeholders})",
+                            _elicitation_row(record))
+
+    def get_elicitation(self, elicitation_id: str) -> ElicitationRecord | None:
+        rows = self._read(f"SELECT {_E_COLS} FROM elicitations WHERE id = ?", (elicitation_id,))
+        return _elicitation_from(rows[0]) if rows else None
+
+    def consume(self, elicitation_id: str, *, principal: str, session: str | None,
+                response_id: str, status: str, scope: str | None, reason: str | None, now: float,
+                grant: Grant | None = None, ignore_expiry: bool = False) -> ConsumeResult:
+        if status not in TERMINAL_STATUSES:
+            raise ValueError(f"not a terminal status: {status!r}")
+        if grant is not None and (status != "accepted" or grant.origin_elicitation_id != elicitation_id):
+            raise ValueError("a grant can only be minted by accepting its own elicitation")
+        with self._tx() as cur:
+            cur.execute(f"SELECT {_E_COLS} FROM elicitations WHERE id = ?{self._lock_clause()}",
+                        (elicitation_id,))
+            row = cur.fetchone()
+            if row is None:
+                return ConsumeResult("missing")
+            record = _elicitation_from(row)
+            if record.principal != principal or record.session != session:
+                return ConsumeResult("missing")
+            if record.status != "pending":
+                return ConsumeResult("already", record)
+            expired = not ignore_expiry and now >= record.expires_at
+            if expired:
+                status, grant, scope = "expired", None, None
+            action = {"accepted": "accept", "declined": "decline", "cancelled": "cancel"}.get(status)
+            cur.execute(
+                "UPDATE elicitations SET status = ?, response_id = ?, action = ?, scope = ?, "
+                "reason = ?, resolved_at = ?, grant_id = ? WHERE id = ? AND status = 'pending'",
+                (status, response_id, action, scope, reason, now,
+                 grant.id if grant is not None else None, elicitation_id))
+            if cur.rowcount != 1:  # cannot happen under the lock; never report a consumption we
+                raise RuntimeError("elicitation changed during its own transaction")  # didn't make
+            if grant is not None:
+                cur.execute(f"INSERT INTO grants ({_G_COLS}) VALUES "
+                            f"({', '.join('?' for _ in _GRANT_COLUMNS)})", _grant_row(grant))
+            if self.before_commit is not None:
+                self.before_commit()
+        done = replace(record, status=status, response_id=response_id, action=action, scope=scope,
+                       reason=reason, resolved_at=now, grant_id=grant.id if grant else None)
+        return ConsumeResult("expired" if expired else "consumed", done, grant)
+
+    def pending_in_batches(self, batch_ids: Sequence[str]) -> list[ElicitationRecord]:
+        ids = sorted(set(batch_ids))
+        if not ids:
+            return []
+        marks = ", ".join("?" for _ in ids)
+        rows = self._read(f"SELECT {_E_COLS} FROM elicitations WHERE status = 'pending' AND "
+                          f"batch_id IN ({marks}) ORDER BY created_at, id", ids)
+        return [_elicitation_from(row) for row in rows]
+
+    # -- grants
+
+    def find_grants(self, *, subject: str, session: str | None, identity: ToolIdentity,
+                    definition_digest: str, arguments_digest: str, now: float) -> list[Grant]:
+        params: list[Any] = [subject, identity.name, identity.namespace or "", definition_digest,
+                             now, arguments_digest]
+        if session is None:  # no session: only `always` grants can apply
+            scope_clause = "scope = 'always'"
+        else:
+            scope_clause = "(scope = 'always' OR (scope = 'session' AND session = ?))"
+            params.append(session)
+        rows = self._read(
+            f"SELECT {_G_COLS} FROM grants WHERE subject = ? AND name = ? AND namespace = ? "
+            "AND definition_digest = ? AND revoked_at IS NULL "
+            "AND (expires_at IS NULL OR expires_at > ?) "
+            "AND (arguments_digest IS NULL OR arguments_digest = ?) "
+            f"AND {scope_clause} ORDER BY created_at, id", params)
+        return [_grant_from(row) for row in rows]
+
+    def get_grant(self, grant_id: str) -> Grant | None:
+        rows = self._read(f"SELECT {_G_COLS} FROM grants WHERE id = ?", (grant_id,))
+        return _grant_from(rows[0]) if rows else None
+
+    def list_grants(self, *, subject: str | None = None, include_inactive: bool = False,
+                    now: float) -> list[Grant]:
+        sql, params = f"SELECT {_G_COLS} FROM grants WHERE 1 = 1", []
+        if subject is not None:
+            sql += " AND subject = ?"
+            params.append(subject)
+        if not include_inactive:
+            sql += " AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ?)"
+            params.append(now)
+        return [_grant_from(row) for row in self._read(sql + " ORDER BY created_at, id", params)]
+
+    def revoke_grant(self, grant_id: str, *, now: float, reason: str | None = None) -> bool:
+        with self._tx() as cur:
+            cur.execute("UPDATE grants SET revoked_at = ?, revoked_reason = ? "
+                        "WHERE id = ? AND revoked_at IS NULL", (now, reason, grant_id))
+            changed = cur.rowcount == 1
+            if self.before_commit is not None:
+                self.before_commit()
+        return changed
+
+    def purge(self, *, before: float) -> int:
+        with self._tx() as cur:
+            cur.execute("DELETE FROM grants WHERE (revoked_at IS NOT NULL AND revoked_at < ?) "
+                        "OR (expires_at IS NOT NULL AND expires_at < ?)", (before, before))
+            count = cur.rowcount
+            cur.execute("DELETE FROM elicitations WHERE status <> 'pending' AND resolved_at < ? "
+                        "AND id NOT IN (SELECT origin_elicitation_id FROM grants)", (before,))
+            count += cur.rowcount
+            cur.execute("DELETE FROM elicitations WHERE status = 'pending' AND expires_at < ?",
+                        (before,))
+            count += cur.rowcount
+        return count
+
+
+# --------------------------------------------------------------------------------------------------
+# SQLite
+
+
+class SQLiteGrantStore(_SQLStore):
+    """The embedded store: one SQLite file in WAL mode (see the module docstring).
+
+    Connections are per thread and per process (a store object inherited across ``fork`` opens its
+    own), so one store object may be shared by the threads of a server.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:
+        target = str(path)
+        if target in ("", ":memory:") or target.startswith("file:"):
+            raise ValueError("SQLiteGrantStore needs a file path (several connections share it)")
+        self.path = Path(target)
+        self.busy_timeout_s = busy_timeout_s
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        with self._tx() as cur:
+            (version,) = cur.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path} holds grant store schema {version}; this version "
+                                   f"of vllm-allowed-tools knows {SCHEMA_VERSION}. Upgrade it.")
+            for statement in _SCHEMA:
+                cur.execute(statement)
+            if version < SCHEMA_VERSION:
+                cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            return conn
+        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            conn.close()
+            raise RuntimeError(f"cannot put {self.path} in WAL mode (got journal_mode={mode}); "
+                               "use a local file system")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self._local.conn, self._local.pid = conn, os.getpid()
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Cursor]:
+        conn = self._conn()
+        cur = conn.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            yield cur
+            cur.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            cur.close()
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn().execute(sql, tuple(params)).fetchall()
+
+    def close(self) -> None:
+        """Close every connection this process opened (other threads must be done with it)."""
+        with self._all_lock:
+            for conn in self._all:
+                try:
+                    conn.close()
+                except sqlite3.ProgrammingError:  # opened in another thread
+                    pass
+            self._all.clear()
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"SQLiteGrantStore({str(self.path)!r})"
+
+
+# --------------------------------------------------------------------------------------------------
+# PostgreSQL
+
+
+class PostgresGrantStore(_SQLStore):
+    """The multi-host store: PostgreSQL through psycopg 3 (``pip install "psycopg[binary]"``).
+
+    One connection per thread and per process, autocommit outside explicit transactions; a
+    consumption locks its row (``SELECT ... FOR UPDATE``) so racing servers serialize on it.
+    """
+
+    def __init__(self, dsn: str) -> None:
+        try:
+            import psycopg  # noqa: F401
+        except ModuleNotFoundError as exc:
+            raise RuntimeError("PostgresGrantStore needs psycopg 3: pip install \"psycopg[binary]\""
+                               ) from exc
+        self.dsn = dsn
+        self._local = threading.local()
+        self._all: list[Any] = []
+        self._all_lock = threading.Lock()
+        with self._tx() as cur:
+            cur.execute("SELECT pg_advisory_xact_lock(727274)")  # one schema creator at a time
+            for statement in _SCHEMA:
+                cur.execute(statement)
+
+    def _conn(self) -> Any:
+        import psycopg
+
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid() and not conn.closed:
+            return conn
+        conn = psycopg.connect(self.dsn, autocommit=True)
+        self._local.conn, self._local.pid = conn, os.getpid()
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    @staticmethod
+    def _sql(sql: str) -> str:
+        return sql.replace("%", "%%").replace("?", "%s")
+
+    def _lock_clause(self) -> str:
+        return " FOR UPDATE"
+
+    @contextmanager
+    def _tx(self) -> Iterator[Any]:
+        conn = self._conn()
+        with conn.transaction(), conn.cursor() as raw:
+            yield _PgCursor(raw, self._sql)
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._conn().cursor() as cur:
+            cur.execute(self._sql(sql), tuple(params))
+            return cur.fetchall()
+
+    def close(self) -> None:
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return "PostgresGrantStore(...)"
+
+
+class _PgCursor:
+    """A psycopg cursor that takes the shared "?" SQL."""
+
+    def __init__(self, cur: Any, translate: Callable[[str], str]) -> None:
+        self._cur, self._translate = cur, translate
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _PgCursor:
+        self._cur.execute(self._translate(sql), tuple(params))
+        return self
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> Any:
+        return self._cur.fetchall()
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+
+def open_store(target: str | os.PathLike[str] | GrantStore) -> GrantStore:
+    """A store from a target: a store object as is; ``postgresql://...`` / ``postgres://...``
+    -> :class:`PostgresGrantStore`; ``sqlite:///abs/path``, ``sqlite:rel/path`` or a plain path
+    -> :class:`SQLiteGrantStore`."""
+    if isinstance(target, _SQLStore) or (not isinstance(target, (str, os.PathLike))
+                                         and isinstance(target, GrantStore)):
+        return target  # type: ignore[return-value]
+    text = os.fspath(target)
+    if text.startswith(("postgresql://", "postgres://")):
+        return PostgresGrantStore(text)
+    if text.startswith("sqlite://"):
+        text = text[len("sqlite://"):]
+    elif text.startswith("sqlite:"):
+        text = text[len("sqlite:"):]
+    return SQLiteGrantStore(text)
