@@ -19,6 +19,7 @@ from typing import Any, Awaitable, Callable
 from ..errors import AllowedToolsError
 from ..guard import (AllowedToolsViolation, CatalogPolicy, ChatStreamGuard, GuardedSSE,
                      ResponsesStreamGuard, check_chat_completion, check_responses_object)
+from ..approvals.wire import ApprovalStream, WithoutGated
 from ..metrics import record_fallback
 from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
 from ..sse import SSEEvent, SSEFramer
@@ -99,7 +100,9 @@ class _GuardedSend:
     Responses request, the client's own tool_choice restored in every response object."""
 
     def __init__(self, send: Send, api: Api, policy: Any, echo: tuple[bool, Any], stop: _Stop,
-                 spec_version: tuple[int, ...]) -> None:
+                 spec_version: tuple[int, ...], approvals: Any = None) -> None:
+        self._approvals = approvals
+        self._approval_stream = ApprovalStream(approvals) if approvals is not None else None
         self._send = send
         self._api = api
         self._policy = policy
@@ -158,8 +161,12 @@ class _GuardedSend:
                     check_responses_object(data, self._policy)
                 else:
                     check_chat_completion(data, self._policy)
+                if self._approvals is not None:
+                    self._approvals.apply_to_response(data)
                 if self._restore:
-                    body = json.dumps(restore_echo(data, self._original)).encode()
+                    restore_echo(data, self._original)
+                if self._approvals is not None or self._restore:
+                    body = json.dumps(data).encode()
             except AllowedToolsViolation as violation:
                 logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
                 body = json.dumps(violation.to_openai()).encode()
@@ -174,8 +181,8 @@ class _GuardedSend:
         out = self._guard.feed(message.get("body", b""))
         if not more and not self._guard.terminal:
             out += self._guard.close()
-        if self._restore:
-            out = self._restore_echo(out, final=not more or self._guard.terminal)
+        if self._restore or self._approval_stream is not None:
+            out = self._post_process(out, final=not more or self._guard.terminal)
         if self._guard.terminal:
             logger.error("vllm-allowed-tools: ended a stream at a call outside the policy: %s",
                          self._guard.violation)
@@ -185,15 +192,22 @@ class _GuardedSend:
             return
         await self._send({"type": "http.response.body", "body": out, "more_body": more})
 
-    def _restore_echo(self, chunk: bytes, final: bool) -> bytes:
+    def _post_process(self, chunk: bytes, final: bool) -> bytes:
+        """After the guard: approvals (gated calls become elicitations) and the tool_choice echo."""
         out = []
         for event in self._framer.feed(chunk):
             data = event.json()
-            if isinstance(data, dict) and isinstance(data.get("response"), dict):
-                restore_echo(data["response"], self._original)
-                out.append(SSEEvent.encode(data, event.event))
-            else:
+            if not isinstance(data, dict):
                 out.append(event.raw)
+                continue
+            events = self._approval_stream.feed(data) if self._approval_stream is not None else [data]
+            for item in events:
+                if item is data and not (self._restore and isinstance(data.get("response"), dict)):
+                    out.append(event.raw)
+                    continue
+                if self._restore and isinstance(item.get("response"), dict):
+                    item = {**item, "response": restore_echo(dict(item["response"]), self._original)}
+                out.append(SSEEvent.encode(item, item.get("type") or event.event))
         if final:
             out.append(self._framer.flush())
         return b"".join(out)
@@ -208,6 +222,8 @@ class AllowedToolsMiddleware:
         from .capabilities import check_server_args
         # fail at start-up, not per request, when we could not enforce
         self.capabilities = check_server_args(sys.argv)
+        from ..approvals import engine_from_env
+        self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -234,17 +250,64 @@ class AllowedToolsMiddleware:
                 and rewritten.policy.has_allowlist:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.policy))
             record_fallback("filter_catalog")
+        policy = _output_policy(rewritten, data, api)
+        approvals = None
+        if self.approvals is not None:
+            try:
+                rewritten, approvals, direct = self._approvals(scope, data, rewritten, api)
+            except AllowedToolsError as exc:
+                await _send_json(send, exc.status, exc.to_openai())
+                return
+            if direct is not None:
+                await _send_direct(send, data, direct, rewritten.original_tool_choice)
+                return
+            if api == "chat" and policy is not None:
+                policy = WithoutGated(policy, self.approvals, data)
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
             scope = dict(scope, headers=_with_content_length(list(scope.get("headers", [])), len(body)))
-        policy = _output_policy(rewritten, data, api)
         stop = _Stop()
         allowlist = rewritten.policy is not None and rewritten.policy.has_allowlist
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
         send = _GuardedSend(send, api, policy, (api == "responses" and allowlist,
-                                                rewritten.original_tool_choice), stop, spec)
+                                                rewritten.original_tool_choice), stop, spec,
+                            approvals)
         await self.app(scope, stop.receive(body, receive), send)
+
+    def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api):
+        """(rewritten request, the response-side approvals or None, calls to release directly)."""
+        from ..approvals.wire import (ResponseApprovals, prepare_request, principal_from_headers,
+                                      session_of, strip_approval_hints)
+        from ..policy import resolve_policy
+        body = strip_approval_hints(rewritten.body)
+        if api != "responses":
+            return replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body), \
+                None, None
+        principal = principal_from_headers(scope.get("headers", []))
+        session = session_of(data)
+        catalog = rewritten.policy or resolve_policy(data, "responses")
+        prepared = prepare_request(self.approvals, body, principal=principal, session=session,
+                                   catalog=catalog)
+        if prepared.direct_output is not None:
+            return rewritten, None, prepared.direct_output
+        changed = rewritten.changed or prepared.changed or prepared.body is not rewritten.body
+        approvals = ResponseApprovals(self.approvals, data, catalog, principal=principal,
+                                      session=session) if catalog is not None else None
+        return replace(rewritten, body=prepared.body, changed=changed), approvals, None
+
+
+async def _send_direct(send: Send, body: dict, output: list[dict], original_tool_choice: Any) -> None:
+    from ..approvals.wire import direct_events, direct_response
+    response = direct_response(body, output, original_tool_choice)
+    if not body.get("stream"):
+        await _send_json(send, 200, response)
+        return
+    payload = b"".join(SSEEvent.encode(event, event["type"]) for event in direct_events(response))
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache")]})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
 def _output_policy(rewritten: Any, body: dict, api: Api) -> Any:

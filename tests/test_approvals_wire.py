@@ -1,0 +1,198 @@
+"""Approvals on the wire (pure): what the middleware does to requests, responses and streams."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, open_engine
+from vllm_allowed_tools.approvals.wire import (
+    ApprovalStream,
+    ResponseApprovals,
+    WithoutGated,
+    direct_events,
+    direct_response,
+    prepare_request,
+    principal_from_headers,
+    session_of,
+    strip_approval_hints,
+)
+from vllm_allowed_tools.guard import CatalogPolicy
+from vllm_allowed_tools.policy import resolve_policy
+from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+GATED, FREE = "send_email", "get_weather"
+POLICY = {"rules": [{"tools": [GATED], "approval": "required",
+                     "scopes": ["once", "session", "always"]}]}
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return open_engine(ApprovalPolicy.from_mapping(POLICY), tmp_path / "grants.db")
+
+
+def _body(*items, stream=False):
+    return {"model": "tiny", "input": list(items) or "hi", "stream": stream,
+            "tools": [POOL_BY_NAME[GATED].responses_tool(), POOL_BY_NAME[FREE].responses_tool()]}
+
+
+def _call(name, call_id="call_1"):
+    args = json.dumps(POOL_BY_NAME[name].random_arguments(__import__("random").Random(1)))
+    return {"id": "fc_1", "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": args, "status": "completed"}
+
+
+def _approvals(engine, body, session="s1"):
+    return ResponseApprovals(engine, body, resolve_policy(body, "responses"), principal="alice",
+                             session=session)
+
+
+def test_principal_comes_from_the_credential_not_the_body():
+    assert principal_from_headers([]) == "anonymous"
+    one = principal_from_headers([(b"authorization", b"Bearer secret-1")])
+    assert one.startswith("key:") and "secret" not in one
+    assert one != principal_from_headers([(b"authorization", b"Bearer secret-2")])
+    assert session_of({"conversation": {"id": "c1"}}) == "conversation:c1"
+    assert session_of({"prompt_cache_key": "k"}) == "cache_key:k" and session_of({}) is None
+
+
+def test_gated_call_becomes_an_elicitation_and_free_call_passes(engine):
+    body = _body()
+    response = {"object": "response", "output": [_call(GATED, "c1"), _call(FREE, "c2")]}
+    _approvals(engine, body).apply_to_response(response)
+    kinds = [(item["type"], item.get("name")) for item in response["output"]]
+    assert kinds == [("elicitation", GATED), ("function_call", FREE)]
+    elicitation = response["output"][0]
+    assert elicitation["elicitation_type"] == "tool_call_approval" and elicitation["call_id"] == "c1"
+    assert elicitation["arguments_digest"].startswith("sha256:")
+    assert set(elicitation["requested_scopes"]) == {"once", "session", "always"}
+
+
+def test_accept_releases_exactly_the_recorded_call_without_the_model(engine):
+    body = _body()
+    response = {"object": "response", "output": [_call(GATED, "c1")]}
+    _approvals(engine, body).apply_to_response(response)
+    elicitation = response["output"][0]
+    tampered = {**elicitation, "arguments": '{"to": "mallory"}'}   # the client's echo is not trusted
+    answer = {"id": "er_1", "type": "elicitation_response", "elicitation_id": elicitation["id"],
+              "action": "accept", "scope": "once"}
+    follow = _body({"role": "user", "content": "hi"}, tampered, answer)
+    prepared = prepare_request(engine, follow, principal="alice", session="s1",
+                               catalog=resolve_policy(follow, "responses"))
+    assert prepared.direct_output is not None
+    [released] = prepared.direct_output
+    assert released["call_id"] == "c1" and released["arguments"] == elicitation["arguments"]
+    # the same follow-up again (history replayed): nothing is released a second time
+    again = prepare_request(engine, follow, principal="alice", session="s1",
+                            catalog=resolve_policy(follow, "responses"))
+    assert again.direct_output is None
+    assert all(item.get("type") not in ("elicitation", "elicitation_response")
+               for item in again.body["input"])
+
+
+def test_decline_reaches_the_model_as_the_calls_result(engine):
+    body = _body()
+    response = {"object": "response", "output": [_call(GATED, "c1")]}
+    _approvals(engine, body).apply_to_response(response)
+    elicitation = response["output"][0]
+    answer = {"id": "er_1", "type": "elicitation_response", "elicitation_id": elicitation["id"],
+              "action": "decline", "reason": "not now"}
+    follow = _body({"role": "user", "content": "hi"}, elicitation, answer)
+    prepared = prepare_request(engine, follow, principal="alice", session="s1",
+                               catalog=resolve_policy(follow, "responses"))
+    assert prepared.direct_output is None
+    kinds = [item.get("type", "message") for item in prepared.body["input"]]
+    assert kinds == ["message", "function_call", "function_call_output"]
+    assert "not now" in prepared.body["input"][2]["output"]
+
+
+def test_another_principal_cannot_answer(engine):
+    body = _body()
+    response = {"object": "response", "output": [_call(GATED, "c1")]}
+    _approvals(engine, body).apply_to_response(response)
+    answer = {"id": "er_1", "type": "elicitation_response",
+              "elicitation_id": response["output"][0]["id"], "action": "accept", "scope": "once"}
+    follow = _body(answer)
+    with pytest.raises(ApprovalInputError):
+        prepare_request(engine, follow, principal="mallory", session="s1",
+                        catalog=resolve_policy(follow, "responses"))
+
+
+def test_session_grant_releases_later_calls_in_that_session_only(engine):
+    body = _body()
+    first = {"object": "response", "output": [_call(GATED, "c1")]}
+    _approvals(engine, body).apply_to_response(first)
+    answer = {"id": "er_1", "type": "elicitation_response",
+              "elicitation_id": first["output"][0]["id"], "action": "accept", "scope": "session"}
+    follow = _body(answer)
+    assert prepare_request(engine, follow, principal="alice", session="s1",
+                           catalog=resolve_policy(follow, "responses")).direct_output
+    later = {"object": "response", "output": [_call(GATED, "c2")]}
+    _approvals(engine, body).apply_to_response(later)
+    assert later["output"][0]["type"] == "function_call"        # the live session grant
+    elsewhere = {"object": "response", "output": [_call(GATED, "c3")]}
+    _approvals(engine, body, session="s2").apply_to_response(elsewhere)
+    assert elsewhere["output"][0]["type"] == "elicitation"      # another session asks again
+
+
+def test_unknown_elicitation_type_is_a_400_naming_the_field(engine):
+    follow = _body({"id": "e1", "type": "elicitation", "elicitation_type": "telepathy",
+                    "message": "?"})
+    with pytest.raises(ApprovalInputError) as error:
+        prepare_request(engine, follow, principal="alice", session="s1",
+                        catalog=resolve_policy(follow, "responses"))
+    assert error.value.status == 400 and error.value.param.startswith("input[0]")
+
+
+def _stream_events(call):
+    added = {**call, "arguments": "", "status": "in_progress"}
+    events = [{"type": "response.created", "response": {"output": []}},
+              {"type": "response.output_item.added", "output_index": 0, "item": added},
+              {"type": "response.function_call_arguments.delta", "output_index": 0,
+               "delta": call["arguments"]},
+              {"type": "response.function_call_arguments.done", "output_index": 0,
+               "arguments": call["arguments"]},
+              {"type": "response.output_item.done", "output_index": 0, "item": call},
+              {"type": "response.completed", "response": {"object": "response", "output": [call]}}]
+    return [{**event, "sequence_number": number} for number, event in enumerate(events)]
+
+
+def test_stream_turns_a_gated_call_into_elicitation_events(engine):
+    stream = ApprovalStream(_approvals(engine, _body()))
+    out = [event for raw in _stream_events(_call(GATED, "c1")) for event in stream.feed(raw)]
+    types = [event["type"] for event in out]
+    assert types == ["response.created", "response.output_item.added", "response.output_item.done",
+                     "response.completed"]
+    assert out[1]["item"]["type"] == "elicitation" and out[1]["output_index"] == 0
+    assert [event["sequence_number"] for event in out] == [0, 1, 2, 3]
+    assert out[-1]["response"]["output"][0]["type"] == "elicitation"
+    assert not any(event.get("delta") for event in out)   # no argument delta of the held call
+
+
+def test_stream_passes_a_free_call_unchanged(engine):
+    stream = ApprovalStream(_approvals(engine, _body()))
+    raw = _stream_events(_call(FREE, "c1"))
+    out = [event for event in raw for event in stream.feed(event)]
+    assert [e["type"] for e in out] == [e["type"] for e in raw]
+    assert out[-1]["response"]["output"][0]["type"] == "function_call"
+
+
+def test_chat_cannot_release_gated_tools(engine):
+    body = {"tools": [POOL_BY_NAME[GATED].chat_tool(), POOL_BY_NAME[FREE].chat_tool()]}
+    policy = WithoutGated(CatalogPolicy.from_request(body, "chat"), engine, body)
+    assert policy.is_allowed(FREE) and not policy.is_allowed(GATED)
+
+
+def test_approval_hints_are_stripped_for_vllm_and_direct_responses_validate():
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+    body = _body()
+    body["tools"][1] = {**body["tools"][1], "approval": {"required": True}}
+    stripped = strip_approval_hints(body)
+    assert "approval" not in stripped["tools"][1] and "approval" in body["tools"][1]
+    response = direct_response(body, [_call(FREE)], "auto")
+    Response.model_validate(response)
+    adapter = TypeAdapter(ResponseStreamEvent)
+    for event in direct_events(response):
+        adapter.validate_python(event)

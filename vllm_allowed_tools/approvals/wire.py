@@ -1,0 +1,328 @@
+"""Approvals on the wire: pure functions over Responses JSON bodies and stream events (no vLLM).
+
+The ASGI middleware calls these; everything here is testable without a server.
+
+Request side (:func:`prepare_request`): the client's ``input`` may carry ``elicitation`` items (echoes
+of what we sent) and ``elicitation_response`` items (its decisions). Responses are applied against
+the server's own records (:meth:`ApprovalEngine.resolve_all`), never the client's echo. Then:
+
+* if any response **accepted** a call just now, the request is answered directly with exactly the
+  recorded call(s) as ``function_call`` items: no model call is needed (function tools run on the
+  client). Declines in the same request reach the model on the next turn, from the history;
+* otherwise both item types are removed before vLLM sees the input (it would reject them), and each
+  echoed elicitation becomes what the model should see: the proposed ``function_call`` and, unless
+  the call was accepted (its real output follows in the history), the decline as its
+  ``function_call_output``. The model then continues with the decline in view.
+
+Response side (:class:`ResponseApprovals`): every ``function_call`` leaving the server goes through
+:meth:`ApprovalEngine.propose_all`: released calls pass, a gated call without a live grant is
+replaced by its ``elicitation`` item (unary and streamed, at the same ``output_index``), and a call
+that needs an approval no scope can give is withheld.
+
+Who is asking: the principal is derived from the request's credential (``Authorization: Bearer``,
+hashed), never from a field the client can simply assert; without a credential, one documented
+anonymous principal. The session is the Responses ``conversation`` id, else ``prompt_cache_key``
+(Codex sends its session id there), else none (then the ``session`` scope is not offered).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..policy import ToolIdentity, ToolPolicy
+from .engine import ApprovalEngine, Decline, ProposedCall, Release
+from .items import ToolCallApproval, parse_input_items
+from .policy import approval_hint
+
+ANONYMOUS = "anonymous"
+
+
+def principal_from_headers(headers: Sequence[tuple[bytes, bytes]]) -> str:
+    for key, value in headers:
+        if key.lower() == b"authorization":
+            token = value.decode("latin-1").strip()
+            if token.lower().startswith("bearer "):
+                token = token[7:].strip()
+            if token:
+                return "key:" + hashlib.sha256(token.encode()).hexdigest()[:24]
+    return ANONYMOUS
+
+
+def session_of(body: Mapping[str, Any]) -> str | None:
+    conversation = body.get("conversation")
+    if isinstance(conversation, Mapping):
+        conversation = conversation.get("id")
+    if isinstance(conversation, str) and conversation:
+        return "conversation:" + conversation
+    key = body.get("prompt_cache_key")
+    return "cache_key:" + key if isinstance(key, str) and key else None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    body: dict[str, Any]                       # what vLLM gets (approval items converted)
+    direct_output: list[dict[str, Any]] | None  # released calls: answer without the model
+    changed: bool
+
+
+def _hints(body: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any] | None, str]]:
+    """flat name -> (the tool definition's approval hint, where it sits), for Responses tools."""
+    hints: dict[str, tuple[Mapping[str, Any] | None, str]] = {}
+    for index, tool in enumerate(body.get("tools") or []):
+        if not isinstance(tool, Mapping):
+            continue
+        if tool.get("type") == "function" and isinstance(tool.get("name"), str):
+            hints[tool["name"]] = (approval_hint(tool), f"tools[{index}].approval")
+        elif tool.get("type") == "namespace":
+            for member_index, member in enumerate(tool.get("tools") or []):
+                if isinstance(member, Mapping) and isinstance(member.get("name"), str):
+                    flat = ToolIdentity(tool.get("name"), member["name"]).flat_name
+                    hints[flat] = (approval_hint(member),
+                                   f"tools[{index}].tools[{member_index}].approval")
+    return hints
+
+
+def strip_approval_hints(body: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's tool models do not know the `approval` key of a definition: drop it on the way in."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not any(
+            isinstance(t, Mapping) and ("approval" in t or any(
+                isinstance(m, Mapping) and "approval" in m for m in t.get("tools") or []))
+            for t in tools):
+        return body
+    cleaned = []
+    for tool in tools:
+        if isinstance(tool, Mapping):
+            tool = {k: v for k, v in tool.items() if k != "approval"}
+            if isinstance(tool.get("tools"), list):
+                tool["tools"] = [{k: v for k, v in m.items() if k != "approval"}
+                                 if isinstance(m, Mapping) else m for m in tool["tools"]]
+        cleaned.append(tool)
+    return {**body, "tools": cleaned}
+
+
+def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: str,
+                    session: str | None, catalog: ToolPolicy | None) -> Prepared:
+    """Apply the request's elicitation responses; raises ApprovalInputError (4xx) on bad items."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return Prepared(body, None, False)
+    parsed = parse_input_items(items)
+    if not parsed.elicitations and not parsed.responses:
+        return Prepared(body, None, False)
+    outcomes = engine.resolve_all(parsed, principal=principal, session=session, catalog=catalog)
+    released = [o for o in outcomes if isinstance(o, Release)]
+    if released:
+        return Prepared(body, [_with_id(r.function_call_item()) for r in released], True)
+    declined = {o.elicitation_id: o for o in outcomes if isinstance(o, Decline) and o.elicitation_id}
+    present_calls = {item.get("call_id") for item in items
+                     if isinstance(item, Mapping) and item.get("type") == "function_call"}
+    elicitation_at = dict(parsed.elicitations)
+    response_at = {index for index, _ in parsed.responses}
+    new_input: list[Any] = []
+    for index, item in enumerate(items):
+        if index in response_at:
+            continue
+        if index not in elicitation_at:
+            new_input.append(item)
+            continue
+        echoed = elicitation_at[index]
+        record = engine.store.get_elicitation(echoed.id)
+        if record is None or record.principal != principal:
+            continue   # not ours to show: nothing of it reaches the model
+        if record.call_id in present_calls:
+            continue   # accepted earlier: the released call and its real output are in the history
+        call = {"type": "function_call", "call_id": record.call_id, "name": record.name,
+                "arguments": record.arguments, "status": "completed"}
+        if record.namespace is not None:
+            call["namespace"] = record.namespace
+        new_input.append(call)
+        decline = declined.get(record.id) or Decline.of(record, _cause(record.status))
+        new_input.append(decline.function_call_output_item())
+    return Prepared({**body, "input": new_input}, None, True)
+
+
+def _cause(status: str) -> str:
+    return {"declined": "declined", "cancelled": "cancelled", "expired": "expired",
+            "unanswered": "unanswered", "definition_changed": "definition_changed"}.get(
+        status, "unanswered")
+
+
+def _with_id(item: dict[str, Any]) -> dict[str, Any]:
+    return {"id": "fc_" + secrets.token_hex(12), **item}
+
+
+class ResponseApprovals:
+    """Decides, per response, which function calls go out and which become elicitations."""
+
+    def __init__(self, engine: ApprovalEngine, body: Mapping[str, Any], catalog: ToolPolicy, *,
+                 principal: str, session: str | None) -> None:
+        self.engine = engine
+        self.catalog = catalog
+        self.principal = principal
+        self.session = session
+        self.hints = _hints(body)
+
+    def decide(self, calls: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
+        """call_id -> the item to send instead (an elicitation), None (withhold), absent (as is)."""
+        proposed = []
+        for call in calls:
+            name, namespace = call.get("name"), call.get("namespace")
+            flat = ToolIdentity(namespace, name).flat_name if namespace else name
+            spec = self.catalog.lookup(flat) if isinstance(flat, str) else None
+            if spec is None:
+                continue   # not a catalog function: the output guard's business
+            hint, where = self.hints.get(flat, (None, "approval"))
+            proposed.append(ProposedCall.from_spec(spec, call_id=str(call.get("call_id")),
+                                                   arguments=str(call.get("arguments") or ""),
+                                                   hint=hint, hint_param=where))
+        if not proposed:
+            return {}
+        results = self.engine.propose_all(proposed, principal=self.principal, session=self.session)
+        decisions: dict[str, dict[str, Any] | None] = {}
+        for call, result in zip(proposed, results):
+            if isinstance(result, ToolCallApproval):
+                decisions[call.call_id] = result.to_json()
+            elif isinstance(result, Decline):
+                decisions[call.call_id] = None
+        return decisions
+
+    def apply_to_response(self, response: dict[str, Any],
+                          decisions: Mapping[str, dict[str, Any] | None] | None = None) -> dict:
+        """Rewrite a Responses object's output (unary, or a streamed terminal snapshot)."""
+        output = response.get("output")
+        if not isinstance(output, list):
+            return response
+        calls = [item for item in output if isinstance(item, Mapping)
+                 and item.get("type") == "function_call"]
+        if decisions is None:
+            decisions = self.decide(calls)
+        new_output = []
+        for item in output:
+            call_id = item.get("call_id") if isinstance(item, Mapping) else None
+            if isinstance(item, Mapping) and item.get("type") == "function_call" \
+                    and call_id in decisions:
+                replacement = decisions[call_id]
+                if replacement is not None:
+                    new_output.append(replacement)
+                continue
+            new_output.append(item)
+        response["output"] = new_output
+        return response
+
+
+class ApprovalStream:
+    """Streaming: hold each function_call item's events until its ``output_item.done``, then send
+    it as is, as an ``elicitation`` (added + done at the same output_index), or not at all.
+    Sequence numbers are renumbered so they stay strictly increasing; output indexes of later items
+    shift down when a call is withheld."""
+
+    def __init__(self, approvals: ResponseApprovals) -> None:
+        self.approvals = approvals
+        self._held: dict[int, list[dict[str, Any]]] = {}
+        self._decisions: dict[str, dict[str, Any] | None] = {}
+        self._next_seq: int | None = None
+        self._withheld_before: list[int] = []   # output indexes withheld so far
+
+    def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        kind = event.get("type", "")
+        index = event.get("output_index")
+        item = event.get("item") if isinstance(event.get("item"), Mapping) else None
+        if kind == "response.output_item.added" and item and item.get("type") == "function_call":
+            self._held[index] = [event]
+            return []
+        if index in self._held:
+            self._held[index].append(event)
+            if kind != "response.output_item.done":
+                return []
+            events = self._held.pop(index)
+            decision = self.approvals.decide([item])
+            self._decisions.update(decision)
+            call_id = item.get("call_id")
+            if call_id not in decision:
+                return [self._number(e) for e in events]
+            replacement = decision[call_id]
+            if replacement is None:
+                self._withheld_before.append(index)
+                return []
+            out_index = self._shift(index)
+            return [self._number({"type": "response.output_item.added", "output_index": out_index,
+                                  "item": replacement}),
+                    self._number({"type": "response.output_item.done", "output_index": out_index,
+                                  "item": replacement})]
+        if isinstance(event.get("response"), dict) and kind in (
+                "response.completed", "response.incomplete", "response.failed"):
+            event = copy.copy(event)
+            event["response"] = self.approvals.apply_to_response(dict(event["response"]),
+                                                                 self._decisions)
+        if isinstance(index, int) and self._withheld_before:
+            event = {**event, "output_index": self._shift(index)}
+        return [self._number(event)]
+
+    def _shift(self, index: int) -> int:
+        return index - sum(1 for withheld in self._withheld_before if withheld < index)
+
+    def _number(self, event: dict[str, Any]) -> dict[str, Any]:
+        if "sequence_number" not in event and self._next_seq is None:
+            return event
+        if self._next_seq is None:
+            self._next_seq = int(event["sequence_number"])
+        event = {**event, "sequence_number": self._next_seq}
+        self._next_seq += 1
+        return event
+
+
+class WithoutGated:
+    """Chat Completions cannot carry elicitations: there, a tool that needs approval is simply not
+    callable (the output guard refuses it), so no gated call is ever released unasked."""
+
+    def __init__(self, base: Any, engine: ApprovalEngine, body: Mapping[str, Any]) -> None:
+        self.base = base
+        self.gated: set[str] = set()
+        for tool in body.get("tools") or []:
+            fn = tool.get("function") if isinstance(tool, Mapping) else None
+            name = fn.get("name") if isinstance(fn, Mapping) else None
+            if isinstance(name, str):
+                try:
+                    required = engine.policy.effective(name, approval_hint(tool)).required
+                except Exception:   # a malformed hint: fail closed
+                    required = True
+                if required:
+                    self.gated.add(name)
+
+    def is_allowed(self, flat_name: str | None) -> bool:
+        return flat_name not in self.gated and self.base.is_allowed(flat_name)
+
+
+def direct_response(body: Mapping[str, Any], output: list[dict[str, Any]],
+                    original_tool_choice: Any) -> dict[str, Any]:
+    """A complete Responses object for calls released by an approval (no model call was made)."""
+    import time
+    return {
+        "id": "resp_" + secrets.token_hex(12), "object": "response", "created_at": int(time.time()),
+        "status": "completed", "model": body.get("model"), "output": output,
+        "tool_choice": original_tool_choice if original_tool_choice is not None else "auto",
+        "tools": body.get("tools") or [], "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
+        "metadata": body.get("metadata"), "temperature": body.get("temperature"),
+        "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
+        "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }
+
+
+def direct_events(response: dict[str, Any]) -> list[dict[str, Any]]:
+    """The same as a minimal event stream."""
+    in_progress = {**response, "status": "in_progress", "output": []}
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": in_progress},
+                                    {"type": "response.in_progress", "response": in_progress}]
+    for index, item in enumerate(response["output"]):
+        events.append({"type": "response.output_item.added", "output_index": index, "item": item})
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append({"type": "response.completed", "response": response})
+    return [{**event, "sequence_number": number} for number, event in enumerate(events)]
