@@ -156,7 +156,8 @@ class CatalogPolicy:
             elif kind == "custom" and isinstance(tool.get("name"), str):
                 custom.append(tool["name"])
             elif kind == "namespace" and isinstance(tool.get("name"), str):
-                for member in tool.get("tools") or ():
+                members = tool.get("tools")
+                for member in members if isinstance(members, list) else ():
                     if isinstance(member, Mapping) and isinstance(member.get("name"), str):
                         flat = flat_name(member["name"], tool["name"])
                         (custom if member.get("type") == "custom" else names).append(flat)

@@ -83,6 +83,9 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         "--host", host, "--port", str(port),
         "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
         "--block-size", "32", "--max-num-seqs", "32",
+        # vLLM 0.32 CPU: a seeded request whose prefill gets chunked kills the engine ("CPU
+        # Generator does not use offset"); a whole-context batch budget never chunks
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN),
         "--enable-auto-tool-choice", "--tool-call-parser", parser,
         "--chat-template", str(template_for_parser(parser)),
         "--structured-outputs-config.backend", "xgrammar",

@@ -85,11 +85,14 @@ class _Stop:
                 return {"type": "http.disconnect"}
             real = asyncio.ensure_future(receive())
             stop = asyncio.ensure_future(self.event.wait())
-            done, _ = await asyncio.wait({real, stop}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                done, _ = await asyncio.wait({real, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:   # also when the app cancels this receive: leave no task pending
+                for task in (real, stop):
+                    if not task.done():
+                        task.cancel()
             if real in done:
-                stop.cancel()
                 return real.result()
-            real.cancel()
             return {"type": "http.disconnect"}
 
         return guarded_receive

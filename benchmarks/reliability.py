@@ -1,0 +1,1289 @@
+"""Reliability figures: request fuzzing, concurrent load and client faults against a real server.
+
+    python benchmarks/reliability.py [--fuzz-examples 2000] [--load-requests 64] [--load-rounds 10]
+                                     [--disconnects 16] [--json OUT]
+    python benchmarks/reliability.py --base-url http://127.0.0.1:8000/v1 --server-pid PID ...
+
+Without ``--base-url`` it starts its own server (``vllm-allowed-tools serve-tiny``, random tiny
+model, the plugin on) and stops it at the end. ``--server-pid`` (the PID of the ``serve-tiny`` or
+``vllm serve`` process) is only needed for the RSS figures of a server it did not start. Progress
+goes to stderr; stdout gets a markdown figures table (and ``--json`` the raw figures). Exit 0 when
+every figure is clean, 1 when one is not (5xx, a leaked call, a hang, a 4xx without a field, an
+unexpected outcome, a stream not aborted), 2 when the run could not happen.
+
+Three parts, the same code the CI tests run (``tests/test_reliability_e2e.py``) at a smaller size:
+
+**Fuzz.** Hypothesis generates request bodies for ``/v1/chat/completions`` and ``/v1/responses``,
+unary and streaming: catalogs drawn from the tiny models' tool pool (enum-only, strict), with
+malformed entries (non-objects, missing/empty/non-string names, bad parameters/strict/description,
+the other API's shape, duplicates, namespaces, non-function tools); ``tool_choice`` as valid and
+broken ``allowed_tools`` selections (both shapes, every mode, unknown/ambiguous/non-function/
+malformed selectors, empty/missing lists), plain choices, near-miss types; ``parallel_tool_calls``
+of every JSON type; malformed inputs (messages, input, max tokens, temperature, stream, model); a
+forged policy smuggled in the body; raw non-JSON / non-object bodies. What each request should get
+is computed locally with :func:`vllm_allowed_tools.policy.resolve_policy`:
+
+* the resolver raises: a 400 from the plugin with exactly that ``error.param``;
+* a malformed input: a 4xx naming the field (``error.param``, or a field name in the message:
+  vLLM's own validation errors);
+* a valid ``allowed_tools`` selection: 200, and every returned call is in THAT request's resolved
+  subset (at most one with ``parallel_tool_calls: false``), and a Responses object echoes the
+  client's own ``tool_choice``;
+* anything else is vanilla vLLM's to judge: 2xx or a 4xx naming a field, never a 5xx, and calls only
+  from the request's catalog.
+
+No request may take longer than the timeout (a hang), and no 200 stream may end without its
+terminal event or carry an error event.
+
+**Load.** Rounds of the same many concurrent streaming requests (both endpoints,
+``required``/``auto`` alternating, each request with its own catalog and its own 1-3-tool subset,
+``parallel_tool_calls: false``, no ``seed``). Every stream must complete; every call must be in its
+own request's subset (a call from another request's subset is counted as a cross-request mix-up)
+with schema-valid arguments (unless max tokens cut it); every Responses object must echo its own
+request's ``tool_choice``. The RSS of the server process tree is taken after each round, by role
+(API server: HTTP, middleware, guard, parsers; engine core: scheduler, grammars; worker: model, KV
+cache): the API server and engine core must stay flat after the first (warm-up) round (at most
+max(32 MiB, 3 %)); the worker may only grow into its 1 GiB KV cache (see
+:func:`rss_growth_problems`).
+
+**Faults.** The client closes the connection: mid-stream after a few events (streams with
+``ignore_eos`` and a 30000-token budget, both endpoints, with and without a policy), right after
+sending a unary request, and in the middle of sending the body. Each engine request must be aborted:
+``vllm:request_success_total`` unchanged (a request that is not aborted runs to its budget and
+finishes; vLLM 0.32 counts no aborts), ``vllm:num_requests_running`` back to 0, and
+``vllm:generation_tokens_total`` short of the budget (the figures give how far). The server must still
+answer afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from vllm_allowed_tools.errors import InvalidSelectionError
+from vllm_allowed_tools.policy import resolve_policy
+from vllm_allowed_tools.rewrite import POLICY_KEY, TEMPLATE_KWARG
+from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+
+PATHS = {"chat": "/chat/completions", "responses": "/responses"}
+MISSING: Any = object()          # a field the request leaves out
+REQUEST_TIMEOUT = 60.0           # a request that takes longer is a hang
+FUZZ_MAX_TOKENS = 96             # enough for the random model to finish a required call
+LOAD_MAX_TOKENS = 96
+DISCONNECT_BUDGET = 30000        # tokens a disconnected request would generate if not aborted
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# =========================================================================================== wire
+
+def chat_selection(mode: Any, names: Iterable[str]) -> dict[str, Any]:
+    return {"type": "allowed_tools", "allowed_tools": {
+        "mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
+
+
+def responses_selection(mode: Any, names: Iterable[str]) -> dict[str, Any]:
+    return {"type": "allowed_tools", "mode": mode,
+            "tools": [{"type": "function", "name": n} for n in names]}
+
+
+def base_body(api: str, max_tokens: int, content: str = "Go ahead.") -> dict[str, Any]:
+    if api == "chat":
+        return {"model": "tiny", "messages": [{"role": "user", "content": content}],
+                "max_tokens": max_tokens, "temperature": 1.0}
+    return {"model": "tiny", "input": content, "max_output_tokens": max_tokens, "temperature": 1.0}
+
+
+@dataclass
+class Observed:
+    """What came back for one request."""
+    status: int | None = None              # None: no answer (timeout / connection error)
+    error: dict | None = None              # the JSON error object of a non-2xx answer
+    calls: list[tuple[str | None, str]] = field(default_factory=list)   # (flat name, arguments)
+    echoes: list[Any] = field(default_factory=list)   # tool_choice of every Responses object seen
+    stream_error: Any = None               # an error event inside a 200 stream
+    terminal: bool = True                  # a 200 stream ended with its terminal event
+    finish: str | None = None              # finish_reason / response status
+    elapsed: float = 0.0
+    transport_error: str | None = None
+
+
+def _flat(name: Any, namespace: Any = None) -> str | None:
+    if not isinstance(name, str):
+        return None
+    return f"{namespace}__{name}" if isinstance(namespace, str) and namespace else name
+
+
+def _responses_output_calls(response: dict) -> list[tuple[str | None, str]]:
+    return [(_flat(item.get("name"), item.get("namespace")), item.get("arguments") or "")
+            for item in response.get("output") or [] if isinstance(item, dict)
+            and item.get("type") in ("function_call", "custom_tool_call")]
+
+
+def parse_unary(api: str, status: int, payload: Any, observed: Observed) -> None:
+    observed.status = status
+    if status != 200 or not isinstance(payload, dict):
+        observed.error = payload.get("error") if isinstance(payload, dict) else {"raw": payload}
+        return
+    if api == "chat":
+        choice = (payload.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        observed.calls = [(_flat((c.get("function") or {}).get("name")),
+                           (c.get("function") or {}).get("arguments") or "")
+                          for c in message.get("tool_calls") or []]
+        observed.finish = choice.get("finish_reason")
+    else:
+        observed.calls = _responses_output_calls(payload)
+        observed.echoes.append(payload.get("tool_choice"))
+        observed.finish = payload.get("status")
+
+
+def parse_stream(api: str, lines: Iterable[str], observed: Observed) -> None:
+    """Fold the ``data:`` lines of a 200 SSE stream into `observed`."""
+    observed.terminal = False
+    calls: dict[int, list[str]] = {}
+    final: dict | None = None
+    for line in lines:
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            observed.terminal = api == "chat"
+            continue
+        try:
+            event = json.loads(data)
+        except ValueError:
+            observed.stream_error = {"unparseable": data[:200]}
+            continue
+        if not isinstance(event, dict):
+            continue
+        if api == "chat" and ("error" in event or event.get("object") == "error"):
+            observed.stream_error = event.get("error") or event
+            continue
+        if api == "chat":
+            for choice in event.get("choices") or []:
+                if choice.get("finish_reason"):
+                    observed.finish = choice["finish_reason"]
+                for call in (choice.get("delta") or {}).get("tool_calls") or []:
+                    entry = calls.setdefault(call.get("index", 0), ["", ""])
+                    function = call.get("function") or {}
+                    entry[0] += function.get("name") or ""
+                    entry[1] += function.get("arguments") or ""
+            continue
+        kind = event.get("type")
+        if isinstance(event.get("response"), dict):
+            observed.echoes.append(event["response"].get("tool_choice"))
+        if kind in ("error", "response.failed"):
+            observed.stream_error = event.get("error") or event.get("response", {}).get("error") \
+                or event
+        if kind in ("response.completed", "response.incomplete", "response.failed"):
+            final = event.get("response")
+            observed.terminal = kind != "response.failed"
+            observed.finish = (final or {}).get("status")
+        if kind == "response.output_item.added" and isinstance(event.get("item"), dict):
+            item = event["item"]
+            if item.get("type") in ("function_call", "custom_tool_call") and item.get("name"):
+                # a name at `added` already reached the client, whatever happens later
+                calls.setdefault(1000 + int(event.get("output_index", 0)),
+                                 [_flat(item.get("name"), item.get("namespace")) or "", ""])
+    if api == "chat":
+        observed.calls = [(calls[i][0] or None, calls[i][1]) for i in sorted(calls)]
+    else:
+        named = {name for name, _ in (calls[i] for i in calls)}
+        observed.calls = _responses_output_calls(final or {})
+        seen = {name for name, _ in observed.calls}
+        observed.calls += [(name, "") for name in sorted(named - seen)]
+
+
+def send_sync(client: httpx.Client, base_url: str, api: str, body: Any, stream: bool) -> Observed:
+    observed = Observed()
+    start = time.monotonic()
+    url = base_url + PATHS[api]
+    kwargs: dict[str, Any] = ({"content": body, "headers": {"content-type": "application/json"}}
+                              if isinstance(body, bytes) else {"json": body})
+    try:
+        if not stream:
+            response = client.post(url, **kwargs)
+            try:
+                payload = response.json()
+            except ValueError:
+                payload = response.text[:500]
+            parse_unary(api, response.status_code, payload, observed)
+        else:
+            with client.stream("POST", url, **kwargs) as response:
+                if response.status_code != 200 or \
+                        not response.headers.get("content-type", "").startswith("text/event-stream"):
+                    raw = response.read()
+                    try:
+                        payload = json.loads(raw)
+                    except ValueError:
+                        payload = raw[:500].decode(errors="replace")
+                    parse_unary(api, response.status_code, payload, observed)
+                else:
+                    observed.status = 200
+                    deadline = start + REQUEST_TIMEOUT
+
+                    def lines() -> Iterable[str]:
+                        for line in response.iter_lines():
+                            if time.monotonic() > deadline:
+                                raise httpx.ReadTimeout("stream exceeded the request timeout")
+                            yield line
+                    parse_stream(api, lines(), observed)
+    except httpx.HTTPError as exc:
+        observed.status = None
+        observed.transport_error = f"{type(exc).__name__}: {exc}"
+    observed.elapsed = time.monotonic() - start
+    return observed
+
+
+async def send_async(client: httpx.AsyncClient, base_url: str, api: str, body: dict) -> Observed:
+    """A streaming request, read to its end."""
+    observed = Observed()
+    start = time.monotonic()
+    try:
+        async with client.stream("POST", base_url + PATHS[api], json=body) as response:
+            if response.status_code != 200:
+                raw = await response.aread()
+                try:
+                    payload = json.loads(raw)
+                except ValueError:
+                    payload = raw[:500].decode(errors="replace")
+                parse_unary(api, response.status_code, payload, observed)
+            else:
+                observed.status = 200
+                parse_stream(api, [line async for line in response.aiter_lines()], observed)
+    except httpx.HTTPError as exc:
+        observed.status = None
+        observed.transport_error = f"{type(exc).__name__}: {exc}"
+    observed.elapsed = time.monotonic() - start
+    return observed
+
+
+# ====================================================================================== metrics
+
+def metric(root_url: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in httpx.get(root_url + "/metrics", timeout=30).text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+ROLES = ("api_server", "engine_core", "worker", "other")
+
+
+def process_tree_rss(pid: int | None) -> dict[str, int] | None:
+    """RSS in bytes of the server tree rooted at `pid` (the ``serve-tiny`` CLI or ``vllm serve``),
+    by role: ``api_server`` (the ``vllm serve`` process: HTTP, our middleware, guard and parsers),
+    ``engine_core`` (scheduler, structured-output grammars), ``worker`` (model and KV cache),
+    ``other`` (the CLI itself, multiprocessing helpers); plus ``total``."""
+    if pid is None:
+        return None
+    import psutil
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return None
+    out = dict.fromkeys(ROLES, 0)
+    for process in processes:
+        try:
+            name, rss = process.name(), process.memory_info().rss
+            cmdline = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        if "EngineCore" in name:
+            role = "engine_core"
+        elif "Worker" in name:
+            role = "worker"
+        elif "vllm.entrypoints.cli.main" in cmdline or " serve " in f" {cmdline} " \
+                and "serve-tiny" not in cmdline:
+            role = "api_server"
+        else:
+            role = "other"
+        out[role] += rss
+    out["total"] = sum(out[role] for role in ROLES)
+    return out
+
+
+def _median(values: list[int]) -> int:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else 0
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f}"
+
+
+# ========================================================================================= fuzz
+
+@dataclass
+class Case:
+    """One generated request and what the generator knows about it."""
+    api: str
+    stream: bool
+    body: Any                       # dict, or raw bytes
+    kind: str                       # "allowed", "plain", "raw"
+    faults: tuple[str, ...] = ()    # what was broken on purpose
+    input_fault: str | None = None  # the top-level field broken on purpose (vLLM must reject it)
+    intended: frozenset[str] | None = None   # the subset a near-miss choice meant to select
+
+    def describe(self) -> str:
+        body = self.body.decode(errors="replace") if isinstance(self.body, bytes) else self.body
+        return json.dumps({"api": self.api, "stream": self.stream, "faults": self.faults,
+                           "body": body}, default=repr)[:4000]
+
+
+@dataclass
+class Expect:
+    outcome: str                             # "ours_400", "vllm_4xx", "ok", "any"
+    param: str | None = None                 # ours_400: the exact error.param
+    allowed: frozenset[str] | None = None    # calls a 200 may carry (flat names)
+    parallel: bool = True
+    echo: Any = MISSING                      # the tool_choice a Responses object must echo
+
+
+def expected(case: Case) -> Expect:
+    if isinstance(case.body, bytes) or not isinstance(case.body, dict):
+        return Expect("vllm_4xx")
+    body = {k: v for k, v in case.body.items() if k != POLICY_KEY}   # the middleware strips it
+    try:
+        policy = resolve_policy(body, case.api)
+    except InvalidSelectionError as exc:
+        return Expect("ours_400", param=exc.param)
+    if policy is not None and policy.has_allowlist:
+        catalog_faulty = any(f.startswith("catalog:") for f in case.faults)
+        outcome = "vllm_4xx" if case.input_fault else ("any" if catalog_faulty else "ok")
+        return Expect(outcome, allowed=frozenset(policy.allowed_flat_names),
+                      parallel=policy.parallel_tool_calls,
+                      echo=case.body.get("tool_choice") if case.api == "responses" else MISSING)
+    catalog = catalog_names(body, case.api)
+    if case.intended is not None:     # a near-miss of allowed_tools must never become "auto"
+        catalog = case.intended
+    if policy is not None and policy.choice == "named":
+        catalog = frozenset(policy.allowed_flat_names)
+    return Expect("vllm_4xx" if case.input_fault or case.intended is not None else "any",
+                  allowed=catalog)
+
+
+def catalog_names(body: dict, api: str) -> frozenset[str]:
+    """Flat names of every function (and namespace member) a request offers, read permissively."""
+    names: set[str] = set()
+    tools = body.get("tools")
+    for tool in tools if isinstance(tools, list) else ():
+        if not isinstance(tool, dict):
+            continue
+        if api == "chat":
+            fn = tool.get("function")
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                names.add(fn["name"])
+        elif tool.get("type") in ("function", "custom") and isinstance(tool.get("name"), str):
+            names.add(tool["name"])
+        elif tool.get("type") == "namespace" and isinstance(tool.get("name"), str) \
+                and isinstance(tool.get("tools"), list):
+            names.update(_flat(m.get("name"), tool["name"]) for m in tool["tools"]
+                         if isinstance(m, dict) and isinstance(m.get("name"), str))
+    return frozenset(names)
+
+
+_FIELD_HINT = re.compile(r"body\.|parameter=|`\w+`|'loc'")
+
+
+def names_a_field(error: Any, body: Any) -> bool:
+    """An error object that says which field is wrong: ``param``, or a field named in the message."""
+    if not isinstance(error, dict):
+        return False
+    if isinstance(error.get("param"), str) and error["param"]:
+        return True
+    message = str(error.get("message") or "")
+    if _FIELD_HINT.search(message):
+        return True
+    keys = list(body) if isinstance(body, dict) else []
+    if any(key.rstrip("s") in message for key in keys if len(key) > 3):
+        return True
+    # vLLM's own 400 for an empty Responses `input` ("Cannot apply chat template to an empty
+    # conversation. Provide at least one message."): the input is the list of messages
+    return "input" in keys and "message" in message
+
+
+@dataclass
+class Figures:
+    """Counts of one part of the run; `problems` holds a description of everything that was wrong."""
+    counts: Counter = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**dict(sorted(self.counts.items())), **self.extra,
+                "problems": len(self.problems)}
+
+
+def judge(case: Case, expect: Expect, observed: Observed, figures: Figures) -> list[str]:
+    """Record `observed` in `figures`; return what was wrong with it (empty: nothing)."""
+    c = figures.counts
+    c["requests"] += 1
+    c[f"{case.api}_{'stream' if case.stream else 'unary'}"] += 1
+    problems: list[str] = []
+    status = observed.status
+    if status is None:
+        c["no_answer"] += 1
+        problems.append(f"no answer in {REQUEST_TIMEOUT:.0f}s: {observed.transport_error}")
+    elif status >= 500:
+        c["5xx"] += 1
+        problems.append(f"HTTP {status}: {observed.error}")
+    elif 400 <= status < 500:
+        c["4xx"] += 1
+        if expect.outcome == "ours_400":
+            c["4xx_plugin"] += 1
+        else:
+            c["4xx_vllm"] += 1
+        if not names_a_field(observed.error, case.body):
+            c["4xx_without_field"] += 1
+            problems.append(f"HTTP {status} names no field: {observed.error}")
+        if expect.outcome == "ours_400":
+            param = (observed.error or {}).get("param")
+            if status != 400 or param != expect.param:
+                c["unexpected_outcome"] += 1
+                problems.append(f"expected the plugin's 400 with param {expect.param!r}, got "
+                                f"{status} {observed.error}")
+        elif expect.outcome == "ok":
+            c["unexpected_outcome"] += 1
+            problems.append(f"a valid allowed_tools request got {status}: {observed.error}")
+    elif 200 <= status < 300:
+        c["2xx"] += 1
+        if expect.outcome in ("ours_400", "vllm_4xx"):
+            c["unexpected_outcome"] += 1
+            problems.append(f"expected a 4xx ({expect.outcome}, param {expect.param!r}), got "
+                            f"{status}")
+        if case.stream and (observed.stream_error is not None or not observed.terminal):
+            c["stream_errors"] += 1
+            problems.append(f"200 stream ended with error {observed.stream_error} "
+                            f"(terminal={observed.terminal})")
+        c["calls_returned"] += len(observed.calls)
+        if expect.allowed is not None:
+            leaked = [name for name, _ in observed.calls if name not in expect.allowed]
+            if leaked:
+                c["violations_leaked"] += len(leaked)
+                problems.append(f"calls outside the request's subset {sorted(expect.allowed)}: "
+                                f"{leaked}")
+        if not expect.parallel and len(observed.calls) > 1:
+            c["parallel_false_excess"] += 1
+            problems.append(f"parallel_tool_calls false but {len(observed.calls)} calls")
+        if expect.echo is not MISSING:
+            wrong = [echo for echo in observed.echoes if echo != expect.echo]
+            if wrong or not observed.echoes:
+                c["echo_mismatch"] += 1
+                problems.append(f"Responses echoed tool_choice {wrong[:1] or 'nothing'}, "
+                                f"not the client's {expect.echo}")
+    else:
+        c["other_status"] += 1
+        problems.append(f"HTTP {status}")
+    if observed.elapsed > REQUEST_TIMEOUT:
+        c["slow"] += 1
+    if problems:
+        bug = next((bug for bug in KNOWN_BUGS if bug.matches(case, expect)), None)
+        if bug is not None:   # pinned by an xfail(strict) test; counted, not failed on
+            c[f"known_bug:{bug.id}"] += 1
+            figures.extra.setdefault("known_bugs", {})[bug.id] = bug.where
+            return []
+        figures.problems.append(f"{case.describe()} -> " + "; ".join(problems))
+    return problems
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    """An open bug in code this suite does not own: requests it matches are counted apart (figure
+    ``known_bug:<id>``) instead of failing the fuzz run. Each one is pinned by an
+    ``xfail(strict=True)`` test in tests/test_reliability_e2e.py; when the fix lands that test
+    XPASSes (and fails): delete the entry here then."""
+    id: str
+    where: str
+    matches: Callable[[Case, Expect], bool]
+
+
+def _non_iterable_namespace_members(case: Case, expect: Expect) -> bool:
+    tools = case.body.get("tools") if isinstance(case.body, dict) else None
+    return case.api == "responses" and expect.outcome != "ours_400" and isinstance(tools, list) \
+        and any(isinstance(t, dict) and t.get("type") == "namespace"
+                and isinstance(t.get("tools"), (int, float)) and t.get("tools") for t in tools)
+
+
+def _vllm_named_choice_with_malformed_tools(case: Case, expect: Expect) -> bool:
+    body = case.body if isinstance(case.body, dict) else {}
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    well_formed = isinstance(tools, list) and all(
+        isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools)
+    return case.api == "chat" and expect.outcome != "ours_400" and isinstance(choice, dict) \
+        and choice.get("type") == "function" and "tools" in body and not well_formed
+
+
+KNOWN_BUGS: list[KnownBug] = [
+    KnownBug("upstream_vllm_named_choice_malformed_tools",
+             "vLLM 0.32 itself: ChatCompletionRequest.check_tool_usage indexes tools[i]['function']"
+             "['name'] before validating `tools` (a named tool_choice next to a malformed `tools` "
+             "is a 400 \"string indices must be integers\" / KeyError with no param); the plugin "
+             "passes plain choices through unchanged",
+             _vllm_named_choice_with_malformed_tools),
+]
+
+
+# ---------------------------------------------------------------------------------- generation
+
+def _hypothesis():
+    from hypothesis import strategies as st
+    return st
+
+
+def _weighted(st, common: Any, rare: list[Any], common_weight: int) -> Any:
+    return st.sampled_from([common] * common_weight + rare)
+
+
+CATALOG_FAULTS_COMMON = ["duplicate", "non_object", "missing_name", "empty_name", "name_not_string",
+                         "bad_type", "bad_parameters", "bad_strict", "bad_description",
+                         "other_api_shape", "tools_not_list", "no_tools", "empty_tools",
+                         "non_function_tool"]
+CATALOG_FAULTS = {"chat": CATALOG_FAULTS_COMMON + ["missing_function"],
+                  "responses": CATALOG_FAULTS_COMMON + ["namespace_bad_name",
+                                                        "namespace_members_not_list",
+                                                        "namespace_collision", "custom_tool"]}
+SELECTION_FAULTS = ["tools_missing", "tools_null", "tools_empty", "tools_not_list", "other_shape",
+                    "container_not_object", "entry_not_object", "entry_type_missing",
+                    "entry_type_not_string", "entry_non_function", "entry_namespace_type",
+                    "entry_name_missing", "entry_name_empty", "entry_name_not_string",
+                    "entry_unknown", "entry_near_miss", "entry_other_api_shape", "entry_extra_keys",
+                    "entry_bad_namespace", "entry_unknown_namespace"]
+MODES = ["none", "bogus", MISSING, None, 1, "AUTO"]
+PLAIN_CHOICES = [MISSING, "none", "auto", "required", "bogus", "named", "named_unknown",
+                 "named_malformed", "weird_object", 7, "near_miss_type", "no_type"]
+PARALLEL = [True, None, MISSING, "yes", 0, 1]
+INPUT_FAULTS = {"chat": ["messages_not_list", "messages_empty", "messages_missing",
+                         "max_tokens_negative", "max_tokens_string", "temperature_string",
+                         "stream_not_bool", "model_unknown"],
+                "responses": ["input_not_text", "input_empty", "input_missing",
+                              "max_tokens_negative", "max_tokens_string", "temperature_string",
+                              "stream_not_bool", "model_unknown"]}
+RAW_BODIES = [b"{not json", b"[1, 2]", b'"x"', b"", b'{"model": "tiny", "messages": [',
+              b"null", b"\xff\xfe"]
+
+
+def _tool(api: str, tool) -> dict[str, Any]:
+    return tool.chat_tool() if api == "chat" else tool.responses_tool()
+
+
+def _apply_catalog_fault(api: str, tools: list, fault: str, draw, st) -> tuple[Any, str]:
+    """Break `tools` the way `fault` says; returns (tools, where)."""
+    spare = POOL[-1]
+    position = draw(st.integers(0, len(tools)))
+    broken: Any
+    if fault == "duplicate":
+        if not tools:
+            return [_tool(api, spare), _tool(api, spare)], "tools"
+        return tools + [dict(tools[draw(st.integers(0, len(tools) - 1))])], "tools"
+    if fault == "tools_not_list":
+        return draw(st.sampled_from(["x", {}, 3, {"type": "function"}])), "tools"
+    if fault == "no_tools":
+        return MISSING, "tools"
+    if fault == "empty_tools":
+        return [], "tools"
+    fn = {"name": spare.name, "description": spare.description, "parameters": spare.parameters}
+    if fault == "non_object":
+        broken = draw(st.sampled_from([5, "get_weather", None, [], True]))
+    elif fault == "missing_function":
+        broken = {"type": "function", "name": spare.name}
+    elif fault == "missing_name":
+        broken = {k: v for k, v in fn.items() if k != "name"}
+    elif fault == "empty_name":
+        broken = {**fn, "name": ""}
+    elif fault == "name_not_string":
+        broken = {**fn, "name": draw(st.sampled_from([3, None, ["x"], {"a": 1}]))}
+    elif fault == "bad_type":
+        broken = {"type": draw(st.sampled_from([7, None, ["function"]])), **fn}
+    elif fault == "bad_parameters":
+        broken = {**fn, "parameters": draw(st.sampled_from(["schema", 3, ["x"]]))}
+    elif fault == "bad_strict":
+        broken = {**fn, "strict": draw(st.sampled_from(["yes", 1, {}]))}
+    elif fault == "bad_description":
+        broken = {**fn, "description": draw(st.sampled_from([5, ["x"], {}]))}
+    elif fault == "other_api_shape":
+        broken = spare.responses_tool() if api == "chat" else spare.chat_tool()
+    elif fault == "non_function_tool":
+        broken = draw(st.sampled_from([{"type": "web_search"}, {"type": "file_search",
+                                                                "vector_store_ids": ["vs"]},
+                                       {"type": "mcp", "server_label": "x"}]))
+    elif fault == "custom_tool":
+        broken = {"type": "custom", "name": "free_text", "description": "Free text."}
+    elif fault == "namespace_bad_name":
+        broken = {"type": "namespace", "name": draw(st.sampled_from(["", 5, None])),
+                  "tools": [spare.responses_tool()]}
+    elif fault == "namespace_members_not_list":
+        broken = {"type": "namespace", "name": "crm", "tools": draw(st.sampled_from(["x", {}, 3]))}
+    elif fault == "namespace_collision":
+        # a top-level crm__<name> next to namespace crm's <name>: one flat name, two identities
+        broken = {"type": "namespace", "name": "crm", "tools": [spare.responses_tool()]}
+        tools = tools + [{**spare.responses_tool(), "name": f"crm__{spare.name}"}]
+    else:
+        raise AssertionError(fault)
+    if api == "chat" and isinstance(broken, dict) and fault not in (
+            "other_api_shape", "non_function_tool", "missing_function", "bad_type"):
+        broken = {"type": "function", "function": broken}
+    elif api == "chat" and fault == "bad_type":
+        broken = {"type": broken["type"], "function": fn}
+    elif api == "responses" and isinstance(broken, dict) and "type" not in broken:
+        broken = {"type": "function", **broken}
+    return tools[:position] + [broken] + tools[position:], "tools"
+
+
+def _selector(api: str, name: Any, **extra: Any) -> dict[str, Any]:
+    if api == "chat":
+        return {"type": "function", "function": {"name": name}, **extra}
+    return {"type": "function", "name": name, **extra}
+
+
+def _broken_selector(api: str, fault: str, names: list[str], draw, st) -> Any:
+    some = names[0] if names else POOL[0].name
+    if fault == "entry_not_object":
+        return draw(st.sampled_from([some, 3, None, [some]]))
+    if fault == "entry_type_missing":
+        return {k: v for k, v in _selector(api, some).items() if k != "type"}
+    if fault == "entry_type_not_string":
+        return {**_selector(api, some), "type": draw(st.sampled_from([1, None, ["function"]]))}
+    if fault == "entry_non_function":
+        return draw(st.sampled_from([{"type": "mcp", "server_label": "x"}, {"type": "web_search"},
+                                     {"type": "custom", "name": some}, {"type": "file_search"}]))
+    if fault == "entry_namespace_type":
+        return {"type": "namespace", "name": "crm"}
+    if fault == "entry_name_missing":
+        return {"type": "function", "function": {}} if api == "chat" else {"type": "function"}
+    if fault == "entry_name_empty":
+        return _selector(api, "")
+    if fault == "entry_name_not_string":
+        return _selector(api, draw(st.sampled_from([3, None, [some], {"name": some}])))
+    if fault == "entry_unknown":
+        return _selector(api, draw(st.sampled_from(["no_such_tool", "Get_Weather", " ", "x" * 300,
+                                                    "crm__", "__", "\u00e9t\u00e9"])))
+    if fault == "entry_near_miss":
+        return _selector(api, draw(st.sampled_from([some + "s", some.upper(), some[:-1], " " + some])))
+    if fault == "entry_other_api_shape":
+        return _selector("responses" if api == "chat" else "chat", some)
+    if fault == "entry_extra_keys":   # valid: extra keys are ignored
+        return _selector(api, some, description="x", parameters={"type": "object"}, strict=True)
+    if fault == "entry_bad_namespace":
+        return _selector(api, some, namespace=draw(st.sampled_from(["", 5, ["crm"]])))
+    if fault == "entry_unknown_namespace":
+        return _selector(api, some, namespace="nowhere")
+    raise AssertionError(fault)
+
+
+def fuzz_cases():
+    """The hypothesis strategy of fuzz :class:`Case` s."""
+    st = _hypothesis()
+
+    @st.composite
+    def strategy(draw) -> Case:
+        api = draw(st.sampled_from(["chat", "responses"]))
+        stream = draw(st.booleans())
+        if draw(st.integers(0, 39)) == 0:
+            return Case(api, stream, draw(st.sampled_from(RAW_BODIES)), "raw", ("raw_body",))
+        faults: list[str] = []
+        chosen = draw(st.lists(st.sampled_from(POOL), min_size=1, max_size=6,
+                               unique_by=lambda tool: tool.name))
+        tools: Any = [_tool(api, tool) for tool in chosen]
+        names = [tool.name for tool in chosen]      # what a selection may name (flat or bare)
+        if api == "responses" and draw(st.integers(0, 5)) == 0 and len(chosen) > 1:
+            # move some tools into a namespace; select them by bare or flat name
+            split = draw(st.integers(1, len(chosen) - 1))
+            tools = tools[:split] + [{"type": "namespace", "name": "crm", "description": "CRM.",
+                                      "tools": tools[split:]}]
+            names = names[:split] + [draw(st.sampled_from([n, f"crm__{n}"])) for n in names[split:]]
+        catalog_fault = draw(_weighted(st, None, CATALOG_FAULTS[api], 3 * len(CATALOG_FAULTS[api])))
+        if catalog_fault is not None:
+            tools, _ = _apply_catalog_fault(api, list(tools), catalog_fault, draw, st)
+            faults.append(f"catalog:{catalog_fault}")
+
+        content = draw(st.sampled_from(["Go ahead.", "hi", "\u00e9\u00e8 " * 40]))
+        body = base_body(api, FUZZ_MAX_TOKENS, content)
+        if tools is not MISSING:
+            body["tools"] = tools
+        kind = draw(st.sampled_from(["allowed", "allowed", "plain"]))
+        intended = None
+        if kind == "allowed":
+            mode = draw(_weighted(st, draw(st.sampled_from(["required", "auto"])), MODES, 6))
+            subset = draw(st.lists(st.sampled_from(names), min_size=1, max_size=3))
+            entries: Any = [_selector(api, n) for n in subset]
+            fault = draw(_weighted(st, None, SELECTION_FAULTS, len(SELECTION_FAULTS)))
+            if fault is not None:
+                faults.append(f"selection:{fault}")
+            if fault == "tools_missing":
+                entries = MISSING
+            elif fault == "tools_null":
+                entries = None
+            elif fault == "tools_empty":
+                entries = []
+            elif fault == "tools_not_list":
+                entries = draw(st.sampled_from(["x", {"type": "function"}, 3]))
+            elif fault is not None and fault.startswith("entry_"):
+                entry = _broken_selector(api, fault, names, draw, st)
+                entries.insert(draw(st.integers(0, len(entries))), entry)
+            if mode not in ("auto", "required"):
+                faults.append(f"mode:{mode if mode is not MISSING else 'missing'}")
+            shape = "chat" if api == "chat" else "responses"
+            if fault == "other_shape":
+                shape = "responses" if api == "chat" else "chat"
+            inner = {"mode": mode, "tools": entries}
+            inner = {k: v for k, v in inner.items() if v is not MISSING}
+            if shape == "chat":
+                choice: Any = {"type": "allowed_tools", "allowed_tools": inner}
+                if fault == "container_not_object":
+                    choice["allowed_tools"] = draw(st.sampled_from(["x", [inner], None]))
+            else:
+                choice = {"type": "allowed_tools", **inner}
+                if fault == "container_not_object":
+                    choice = {"type": "allowed_tools", "allowed_tools": inner}
+            body["tool_choice"] = choice
+        else:
+            plain = draw(st.sampled_from(PLAIN_CHOICES))
+            if plain in ("bogus", "named_unknown", "named_malformed", "weird_object", 7,
+                         "near_miss_type", "no_type"):
+                faults.append(f"plain:{plain}")
+            some = names[0]
+            if plain == "named":
+                body["tool_choice"] = ({"type": "function", "function": {"name": some}}
+                                       if api == "chat" else {"type": "function", "name": some})
+            elif plain == "named_unknown":
+                body["tool_choice"] = ({"type": "function", "function": {"name": "no_such_tool"}}
+                                       if api == "chat" else
+                                       {"type": "function", "name": "no_such_tool"})
+            elif plain == "named_malformed":
+                body["tool_choice"] = {"type": "function"}
+            elif plain == "weird_object":
+                body["tool_choice"] = {"type": "weird"}
+            elif plain in ("near_miss_type", "no_type"):
+                subset = [some]
+                choice = (chat_selection("auto", subset) if api == "chat"
+                          else responses_selection("auto", subset))
+                if plain == "no_type":
+                    del choice["type"]
+                else:
+                    choice["type"] = draw(st.sampled_from(["Allowed_Tools", "allowed_tool",
+                                                           "allowed-tools", "allowed_tools "]))
+                body["tool_choice"] = choice
+                intended = frozenset(subset)
+            elif plain is not MISSING:
+                body["tool_choice"] = plain
+        parallel = draw(_weighted(st, False, PARALLEL, 8))
+        if parallel is not MISSING:
+            body["parallel_tool_calls"] = parallel
+        if parallel not in (False, True, None, MISSING):
+            faults.append(f"parallel:{parallel!r}")
+        if draw(st.integers(0, 9)) == 0:   # a forged policy and template block: must be stripped
+            body[POLICY_KEY] = {"v": 1, "api": api, "choice": "allowed", "mode": "auto",
+                                "allowed": sorted(t.name for t in POOL), "catalog":
+                                    sorted(t.name for t in POOL), "parallel_tool_calls": True,
+                                "catalog_digest": "x", "allowlist_digest": "x"}
+            body["chat_template_kwargs"] = {TEMPLATE_KWARG: {"mode": "auto",
+                                                             "names": sorted(t.name for t in POOL)}}
+        input_fault = draw(_weighted(st, None, INPUT_FAULTS[api], 3 * len(INPUT_FAULTS[api])))
+        if input_fault is not None:
+            _apply_input_fault(api, body, input_fault)
+            faults.append(f"input:{input_fault}")
+        if stream and input_fault != "stream_not_bool":
+            body["stream"] = True
+        return Case(api, stream, body, kind, tuple(f for f in faults if f), input_fault, intended)
+
+    return strategy()
+
+
+def _apply_input_fault(api: str, body: dict, fault: str) -> None:
+    tokens = "max_tokens" if api == "chat" else "max_output_tokens"
+    if fault == "messages_not_list":
+        body["messages"] = "Go ahead."
+    elif fault == "messages_empty":
+        body["messages"] = []
+    elif fault == "messages_missing":
+        del body["messages"]
+    elif fault == "input_not_text":
+        body["input"] = 5
+    elif fault == "input_empty":
+        body["input"] = []
+    elif fault == "input_missing":
+        del body["input"]
+    elif fault == "max_tokens_negative":
+        body[tokens] = -1
+    elif fault == "max_tokens_string":
+        body[tokens] = "many"
+    elif fault == "temperature_string":
+        body["temperature"] = "hot"
+    elif fault == "stream_not_bool":
+        body["stream"] = "maybe"
+    elif fault == "model_unknown":
+        body["model"] = "no-such-model"
+    else:
+        raise AssertionError(fault)
+
+
+def run_fuzz(base_url: str, examples: int, *, strict: bool, seed: int | None = None,
+             figures: Figures | None = None) -> Figures:
+    """Send `examples` generated requests. `strict`: raise on the first problem (hypothesis then
+    shrinks it to a minimal failing request); otherwise record it and go on."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    figures = figures or Figures()
+    violations_before = metric(base_url.removesuffix("/v1"), "vllm_allowed_tools:violations_total")
+    started = time.monotonic()
+    with httpx.Client(timeout=httpx.Timeout(REQUEST_TIMEOUT, connect=10.0)) as client:
+
+        @settings(max_examples=examples, deadline=None, derandomize=seed is None, database=None,
+                  suppress_health_check=list(HealthCheck), print_blob=False)
+        @given(fuzz_cases())
+        def one(case: Case) -> None:
+            figures.counts[f"kind_{case.kind}"] += 1
+            figures.counts["with_faults" if case.faults else "without_faults"] += 1
+            expect = expected(case)
+            figures.counts[f"expect_{expect.outcome}"] += 1
+            observed = send_sync(client, base_url, case.api, case.body, case.stream)
+            problems = judge(case, expect, observed, figures)
+            if strict and problems:
+                raise AssertionError(f"{case.describe()}\n-> " + "\n-> ".join(problems))
+
+        test = hypothesis_seed(seed)(one) if seed is not None else one
+        test()
+    root = base_url.removesuffix("/v1")
+    figures.extra["healthy_after"] = httpx.get(root + "/health", timeout=30).status_code == 200
+    figures.extra["plugin_stopped_calls"] = metric(root, "vllm_allowed_tools:violations_total") \
+        - violations_before
+    figures.extra["seconds"] = round(time.monotonic() - started, 1)
+    return figures
+
+
+# ========================================================================================= load
+
+def load_request(index: int, round_: int) -> tuple[str, dict, frozenset[str], frozenset[str]]:
+    """(api, body, its subset, its catalog) of request `index` (the same in every round): its own
+    catalog of 8 pool tools and its own 1-3-tool subset."""
+    rng = random.Random(index)   # the same requests every round
+    api = "chat" if index % 2 == 0 else "responses"
+    mode = "required" if (index // 2) % 2 == 0 else "auto"
+    catalog = rng.sample(list(POOL), 8)
+    subset = [tool.name for tool in rng.sample(catalog, rng.randint(1, 3))]
+    body = base_body(api, LOAD_MAX_TOKENS)
+    if api == "chat":
+        body.update(tools=[tool.chat_tool() for tool in catalog],
+                    tool_choice=chat_selection(mode, subset))
+    else:
+        body.update(tools=[tool.responses_tool() for tool in catalog],
+                    tool_choice=responses_selection(mode, subset))
+    # no `seed`: on vLLM 0.32's CPU build a seeded request whose prefill gets chunked kills the
+    # engine (see KNOWN_BUGS / test_seeded_chunked_prefill_keeps_the_engine_alive)
+    body.update(parallel_tool_calls=False, stream=True)
+    return api, body, frozenset(subset), frozenset(tool.name for tool in catalog)
+
+
+async def _load_round(base_url: str, requests: int, round_: int, figures: Figures) -> None:
+    specs = [load_request(i, round_) for i in range(requests)]
+    limits = httpx.Limits(max_connections=requests + 4, max_keepalive_connections=requests + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT * 3, connect=10.0),
+                                 limits=limits) as client:
+        results = await asyncio.gather(*(send_async(client, base_url, api, body)
+                                         for api, body, _, _ in specs))
+    others: dict[int, frozenset[str]] = {i: spec[2] for i, spec in enumerate(specs)}
+    c = figures.counts
+    for i, ((api, body, subset, _catalog), observed) in enumerate(zip(specs, results)):
+        c["requests"] += 1
+        problems: list[str] = []
+        if observed.status != 200:
+            c["5xx" if (observed.status or 0) >= 500 else
+              "no_answer" if observed.status is None else "4xx"] += 1
+            problems.append(f"status {observed.status}: {observed.error or observed.transport_error}")
+        else:
+            c["2xx"] += 1
+            if observed.terminal and observed.stream_error is None:
+                c["completed"] += 1
+            else:
+                c["stream_errors"] += 1
+                problems.append(f"stream error {observed.stream_error} terminal={observed.terminal}")
+            c["calls_returned"] += len(observed.calls)
+            for name, arguments in observed.calls:
+                if name not in subset:
+                    c["violations_leaked"] += 1
+                    foreign = any(name in s for j, s in others.items() if j != i)
+                    c["cross_request_mixups"] += foreign
+                    problems.append(f"call {name!r} outside its subset {sorted(subset)}"
+                                    + (" (in another request's subset)" if foreign else ""))
+                elif observed.finish == "length" or observed.finish == "incomplete":
+                    c["calls_cut_by_max_tokens"] += 1   # vanilla: the budget ran out mid-call
+                elif not POOL_BY_NAME[name].arguments_valid(arguments):
+                    c["invalid_arguments"] += 1
+                    problems.append(f"call {name!r} with arguments off its schema: {arguments!r}")
+            if len(observed.calls) > 1:
+                c["parallel_false_excess"] += 1
+                problems.append(f"{len(observed.calls)} calls with parallel_tool_calls false")
+            mode = (body["tool_choice"].get("allowed_tools") or body["tool_choice"])["mode"]
+            if mode == "required" and observed.finish in ("tool_calls", "completed") \
+                    and not observed.calls:
+                c["required_without_call"] += 1
+                problems.append(f"required mode finished ({observed.finish}) without a call")
+            if api == "responses":
+                wrong = [echo for echo in observed.echoes if echo != body["tool_choice"]]
+                if wrong or not observed.echoes:
+                    c["echo_mismatch"] += 1
+                    problems.append(f"echoed tool_choice {wrong[:1] or 'nothing'}")
+        c["max_stream_ms"] = max(c["max_stream_ms"], int(observed.elapsed * 1000))
+        if problems:
+            figures.problems.append(f"round {round_} request {i} ({api}, subset {sorted(subset)}): "
+                                    + "; ".join(problems))
+
+
+def run_load(base_url: str, requests: int, rounds: int, server_pid: int | None) -> Figures:
+    """`rounds` rounds of the same `requests` concurrent streams (each with its own catalog and
+    subset; sampling is not seeded, so outputs differ every round); the RSS of the server tree by
+    role after each round."""
+    figures = Figures()
+    root = base_url.removesuffix("/v1")
+    violations_before = metric(root, "vllm_allowed_tools:violations_total")
+    trees: list[dict[str, int] | None] = []
+    started = time.monotonic()
+    for round_ in range(rounds):
+        round_start = time.monotonic()
+        asyncio.run(_load_round(base_url, requests, round_, figures))
+        time.sleep(1.0)   # let the engine free what the round held
+        trees.append(process_tree_rss(server_pid))
+        _log(f"load round {round_ + 1}/{rounds}: {time.monotonic() - round_start:.1f}s, server "
+             f"tree RSS MiB " + (", ".join(f"{k} {_mib(v)}" for k, v in trees[-1].items())
+                                 if trees[-1] else "-"))
+    figures.extra["rounds"] = rounds
+    figures.extra["concurrency"] = requests
+    if trees and all(trees):
+        figures.extra["rss_mib_per_round"] = {
+            key: [round(tree[key] / 2**20, 1) for tree in trees] for key in (*ROLES, "total")}
+        figures.extra["rss_growth_mib"] = {   # after the first (warm-up) round
+            key: round((trees[-1][key] - trees[0][key]) / 2**20, 1) for key in (*ROLES, "total")}
+    figures.extra["plugin_stopped_calls"] = metric(root, "vllm_allowed_tools:violations_total") \
+        - violations_before
+    figures.extra["running_after"] = metric(root, "vllm:num_requests_running")
+    figures.extra["seconds"] = round(time.monotonic() - started, 1)
+    return figures
+
+
+#: the CPU KV cache the worker first-touches block by block (serve.py: VLLM_CPU_KVCACHE_SPACE=1 GiB)
+KV_CACHE_MIB = 1024.0
+
+
+def rss_growth_problems(figures: Figures, max_growth_mib: float = 32.0,
+                        max_ratio: float = 0.03) -> list[str]:
+    """Why the memory is not flat ([] when it is), last round against the first (warm-up) one.
+
+    The API server (HTTP, our middleware, guard, parsers) and the engine core (scheduler, compiled
+    grammars) may grow by at most max(max_growth_mib, max_ratio of their size). The worker's RSS
+    also grows while vLLM hands out KV-cache blocks it never used before (the free list is a queue:
+    a block is first written, so first resident, when its turn comes, whatever the prefix cache
+    holds), up to the whole KV cache; it is bounded by that, not by the flatness rule."""
+    growth = figures.extra.get("rss_growth_mib")
+    if growth is None:
+        return []
+    sizes = {key: values[0] for key, values in figures.extra["rss_mib_per_round"].items()}
+    problems = [f"{key} grew {growth[key]} MiB (of {sizes[key]})"
+                for key in ("api_server", "engine_core", "other")
+                if growth[key] > max(max_growth_mib, max_ratio * sizes[key])]
+    if growth["worker"] > KV_CACHE_MIB:
+        problems.append(f"worker grew {growth['worker']} MiB, more than the KV cache")
+    return problems
+
+
+# ======================================================================================== faults
+
+def _disconnect_body(api: str, policy: bool, index: int) -> dict:
+    rng = random.Random(500 + index)
+    body = base_body(api, DISCONNECT_BUDGET)
+    if policy:
+        catalog = rng.sample(list(POOL), 8)
+        subset = [tool.name for tool in rng.sample(catalog, 2)]
+        if api == "chat":
+            body.update(tools=[t.chat_tool() for t in catalog],
+                        tool_choice=chat_selection("auto", subset))
+        else:
+            body.update(tools=[t.responses_tool() for t in catalog],
+                        tool_choice=responses_selection("auto", subset))
+        body["parallel_tool_calls"] = True
+    body["ignore_eos"] = True
+    return body
+
+
+def _wait_idle(root: str, timeout: float = 30.0) -> float:
+    """Seconds until no request is running (or `timeout`)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if metric(root, "vllm:num_requests_running") == 0 and \
+                metric(root, "vllm:num_requests_waiting") == 0:
+            return time.monotonic() - start
+        time.sleep(0.25)
+    return timeout
+
+
+def _raw_post(base_url: str, api: str, body: dict, fraction: float) -> None:
+    """Send the headers and `fraction` of the body of a POST on a raw socket, then close it
+    (no timer in between: a starved client cannot turn this into a late close)."""
+    url = urlparse(base_url)
+    data = json.dumps(body).encode()
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall((f"POST {url.path}{PATHS[api]} HTTP/1.1\r\nHost: {url.hostname}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                      ).encode() + data[: int(len(data) * fraction)])
+
+
+def run_disconnects(base_url: str, streams: int) -> Figures:
+    """Client faults, one at a time: `streams` mid-stream disconnects (both endpoints, with and
+    without a policy, after 1-6 events), per endpoint one unary request whose client is gone right
+    after sending it and one whose body is cut off half-way. Each must leave no engine request
+    behind."""
+    figures = Figures()
+    c = figures.counts
+    root = base_url.removesuffix("/v1")
+    started = time.monotonic()
+    plan: list[tuple[str, str, bool, int]] = []
+    for i in range(streams):
+        plan.append(("stream", "chat" if i % 2 == 0 else "responses", (i // 2) % 2 == 0, 1 + i % 6))
+    for api in ("chat", "responses"):
+        plan.append(("unary", api, True, 0))
+        plan.append(("half_body", api, True, 0))
+    generated_max = 0.0
+    idle_seconds = 0.0
+    for index, (how, api, policy, events) in enumerate(plan):
+        _wait_idle(root)
+        tokens = metric(root, "vllm:generation_tokens_total")
+        success = metric(root, "vllm:request_success_total")
+        prompts = metric(root, "vllm:prompt_tokens_total")
+        body = _disconnect_body(api, policy, index)
+        read = 0
+        problem = None
+        try:
+            if how == "stream":
+                body["stream"] = True
+                with httpx.Client(timeout=REQUEST_TIMEOUT) as client, \
+                        client.stream("POST", base_url + PATHS[api], json=body) as response:
+                    if response.status_code != 200:
+                        problem = f"status {response.status_code}: {response.read()[:300]!r}"
+                    else:
+                        for line in response.iter_lines():
+                            read += line.startswith("data: ")
+                            if read >= events:
+                                break
+                # leaving the block closes the connection half-way through the stream
+            elif how == "unary":
+                _raw_post(base_url, api, body, 1.0)    # the whole request, then gone
+            else:
+                _raw_post(base_url, api, body, 0.5)    # half of the body, then gone
+        except httpx.HTTPError as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+        closed = time.monotonic()
+        idle_after = _wait_idle(root)
+        idle_seconds = max(idle_seconds, time.monotonic() - closed)
+        time.sleep(1.0)   # an engine request not aborted would keep generating meanwhile
+        running = metric(root, "vllm:num_requests_running")
+        tokens_final = metric(root, "vllm:generation_tokens_total")
+        generated = tokens_final - tokens
+        finished = metric(root, "vllm:request_success_total") - success
+        prompted = metric(root, "vllm:prompt_tokens_total") - prompts
+        generated_max = max(generated_max, generated)
+        c[f"{how}_tried"] += 1
+        # With EOS ignored, a request that is not aborted runs to its budget and finishes (it is
+        # counted in request_success_total); an aborted one never finishes: `finished == 0` (and
+        # nothing running) is the proof. How many tokens it made before the abort depends on how
+        # soon this client got to close the socket and the server to notice: on a busy 2-core
+        # machine both can be starved for seconds by the engine's own busy processes, so the
+        # count is reported (figure `tokens_generated`), not bounded tighter than the budget.
+        aborted = running == 0 and finished == 0 and generated < DISCONNECT_BUDGET
+        figures.extra.setdefault("tokens_generated", {}).setdefault(how, []).append(int(generated))
+        if how == "half_body":
+            aborted = aborted and prompted == 0 and generated == 0
+        if problem is None and aborted:
+            c[f"{how}_aborted"] += 1
+        else:
+            c[f"{how}_not_aborted"] += 1
+            figures.problems.append(
+                f"{how} {api} policy={policy} after {read} events: {problem or 'not aborted'} "
+                f"(running {running}, generated {generated:.0f} of {DISCONNECT_BUDGET}, "
+                f"finished {finished:.0f}, idle after {idle_after:.1f}s)")
+    figures.extra["max_tokens_generated"] = generated_max
+    figures.extra["max_seconds_close_to_idle"] = round(idle_seconds, 1)
+    figures.extra["budget_tokens"] = DISCONNECT_BUDGET
+    figures.extra["healthy_after"] = httpx.get(root + "/health", timeout=30).status_code == 200
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        check = send_sync(client, base_url, "chat", base_body("chat", 8), stream=False)
+    figures.extra["answers_after"] = check.status == 200
+    figures.extra["seconds"] = round(time.monotonic() - started, 1)
+    return figures
+
+
+# ========================================================================================== CLI
+
+def _start_server(flavour: str, log_dir: Path) -> tuple[subprocess.Popen, str]:
+    exe = shutil.which("vllm-allowed-tools", path=str(Path(sys.executable).parent)) \
+        or shutil.which("vllm-allowed-tools")
+    command = [exe] if exe else [sys.executable, "-m", "vllm_allowed_tools.cli"]
+    log = log_dir / f"vllm-reliability-{flavour}.log"
+    command += ["serve-tiny", "--flavour", flavour, "--log-file", str(log)]
+    _log(f"starting: {' '.join(command)}")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 900
+    line = ""
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if line.startswith("http") or line == "" or process.poll() is not None:
+            break
+    if not line.startswith("http"):
+        process.kill()
+        raise RuntimeError(f"serve-tiny did not come up; log: {log}")
+    _log(f"server at {line.strip()} (log {log})")
+    return process, line.strip()
+
+
+def _stop_server(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def table(fuzz: Figures | None, load: Figures | None, faults: Figures | None) -> str:
+    rows = [("| part | requests tried | 2xx | 4xx | 5xx | no answer (hang) | violations leaked | "
+             "problems | details |"), "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    if fuzz:
+        c = fuzz.counts
+        known = sum(v for k, v in c.items() if k.startswith("known_bug:"))
+        rows.append(
+            f"| fuzz (both endpoints, unary + stream) | {c['requests']} | {c['2xx']} | {c['4xx']} "
+            f"| {c['5xx']} | {c['no_answer']} | {c['violations_leaked']} | {len(fuzz.problems)} | "
+            f"4xx: {c['4xx_plugin']} from the plugin (exact param), {c['4xx_vllm']} from vLLM, "
+            f"{c['4xx_without_field']} without a field ({known} on known bugs, below); "
+            f"{c['unexpected_outcome']} unexpected "
+            f"status; {c['calls_returned']} calls returned; {c['stream_errors']} stream errors; "
+            f"{c['echo_mismatch']} echo mismatches; calls stopped by the plugin "
+            f"{fuzz.extra.get('plugin_stopped_calls', 0):.0f}; {fuzz.extra.get('seconds')} s |")
+    if load:
+        c = load.counts
+        rows.append(
+            f"| load ({load.extra['concurrency']} concurrent streams x {load.extra['rounds']} "
+            f"rounds) | {c['requests']} | {c['2xx']} | {c['4xx']} | {c['5xx']} | "
+            f"{c['no_answer']} | {c['violations_leaked']} | {len(load.problems)} | "
+            f"{c['completed']} streams completed; {c['calls_returned']} calls; "
+            f"{c['cross_request_mixups']} cross-request mix-ups; {c['echo_mismatch']} echo "
+            f"mismatches; {c['invalid_arguments']} off-schema arguments; "
+            f"{load.extra.get('seconds')} s |")
+    if faults:
+        c = faults.counts
+        all_tokens = [n for values in faults.extra.get("tokens_generated", {}).values()
+                      for n in values]
+        tried = c["stream_tried"] + c["unary_tried"] + c["half_body_tried"]
+        aborted = c["stream_aborted"] + c["unary_aborted"] + c["half_body_aborted"]
+        rows.append(
+            f"| client disconnects | {tried} | - | - | - | - | - | {len(faults.problems)} | "
+            f"aborted correctly: {aborted}/{tried} (mid-stream {c['stream_aborted']}/"
+            f"{c['stream_tried']}, unary with the client gone after sending {c['unary_aborted']}/"
+            f"{c['unary_tried']}, "
+            f"half-sent body {c['half_body_aborted']}/{c['half_body_tried']}); tokens generated "
+            f"before the abort, of a {faults.extra['budget_tokens']}-token budget: median "
+            f"{_median(all_tokens)}, max {max(all_tokens, default=0)}; server answers afterwards: "
+            f"{faults.extra['answers_after']}; {faults.extra.get('seconds')} s |")
+    if fuzz and fuzz.extra.get("known_bugs"):
+        rows.append("")
+        rows += [f"known bug `{bug}` ({fuzz.counts[f'known_bug:{bug}']} requests): {where}"
+                 for bug, where in fuzz.extra["known_bugs"].items()]
+    if load and load.extra.get("rss_mib_per_round"):
+        rows += ["", ("| server process (RSS MiB) | after round 1 (warm-up) | after the last round "
+                      "| growth |"), "|---|---:|---:|---:|"]
+        for key, values in load.extra["rss_mib_per_round"].items():
+            rows.append(f"| {key} | {values[0]} | {values[-1]} | "
+                        f"{load.extra['rss_growth_mib'][key]:+} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fuzz-examples", type=int, default=2000)
+    parser.add_argument("--load-requests", type=int, default=64)
+    parser.add_argument("--load-rounds", type=int, default=10)
+    parser.add_argument("--disconnects", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="hypothesis seed (default: derandomized, the same cases every run)")
+    parser.add_argument("--base-url", default=None, help="use this server instead of starting one")
+    parser.add_argument("--server-pid", type=int, default=None, help="for RSS with --base-url")
+    parser.add_argument("--flavour", default="random", choices=["random", "tool-happy"])
+    parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
+    parser.add_argument("--skip", action="append", default=[], choices=["fuzz", "load", "faults"])
+    args = parser.parse_args(argv)
+
+    process = None
+    try:
+        if args.base_url:
+            base_url, pid = args.base_url.rstrip("/"), args.server_pid
+        else:
+            process, base_url = _start_server(args.flavour, Path(tempfile.gettempdir()))
+            pid = process.pid
+    except (RuntimeError, OSError) as exc:
+        _log(f"error: {exc}")
+        return 2
+    fuzz = load = faults = None
+    try:
+        if "fuzz" not in args.skip:
+            _log(f"fuzz: {args.fuzz_examples} examples ...")
+            fuzz = run_fuzz(base_url, args.fuzz_examples, strict=False, seed=args.seed)
+            _log(json.dumps({"fuzz": fuzz.as_dict()}))
+        if "load" not in args.skip:
+            _log(f"load: {args.load_requests} concurrent x {args.load_rounds} rounds ...")
+            load = run_load(base_url, args.load_requests, args.load_rounds, pid)
+            _log(json.dumps({"load": load.as_dict()}))
+        if "faults" not in args.skip:
+            _log(f"faults: {args.disconnects} mid-stream disconnects + unary + half-sent ...")
+            faults = run_disconnects(base_url, args.disconnects)
+            _log(json.dumps({"faults": faults.as_dict()}))
+    finally:
+        if process is not None:
+            _stop_server(process)
+    print(table(fuzz, load, faults))
+    problems = [p for f in (fuzz, load, faults) if f for p in f.problems]
+    if load:
+        problems += [f"RSS not flat: {why}" for why in rss_growth_problems(load)]
+    for problem in problems[:50]:
+        print(f"problem: {problem}")
+    if args.json:
+        args.json.write_text(json.dumps({name: f.as_dict() | {"problem_list": f.problems}
+                                         for name, f in (("fuzz", fuzz), ("load", load),
+                                                         ("faults", faults)) if f}, indent=2))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
