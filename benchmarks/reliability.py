@@ -78,6 +78,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from vllm_allowed_tools.testing.metrics import scrape_metric
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -286,16 +288,7 @@ async def send_async(client: httpx.AsyncClient, base_url: str, api: str, body: d
 # ====================================================================================== metrics
 
 def metric(root_url: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in httpx.get(root_url + "/metrics", timeout=30).text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if head.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
+    return scrape_metric(root_url, name, **labels)
 
 
 ROLES = ("api_server", "engine_core", "worker", "other")

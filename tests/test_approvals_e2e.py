@@ -8,8 +8,9 @@ import json
 
 import httpx
 import pytest
-
 from conftest import start_cli_server, stop_cli_server
+
+from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 pytestmark = pytest.mark.server
@@ -42,10 +43,7 @@ def _ask(client, *history, stream=False, conversation="conv-1"):
 
 
 def _prompt_tokens(server) -> float:
-    for line in httpx.get(server.root_url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith("vllm:prompt_tokens_total{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return scrape_metric(server.root_url, "vllm:prompt_tokens_total")
 
 
 def test_gated_call_is_an_elicitation_and_accept_releases_it(approvals_server):

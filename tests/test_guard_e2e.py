@@ -11,8 +11,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from conftest import start_cli_server, stop_cli_server
+
+from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL
 
 pytestmark = pytest.mark.server
@@ -32,17 +33,7 @@ def faulty_server():
     stop_cli_server(server)
 
 
-def _metric(root: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in httpx.get(root + "/metrics", timeout=30).text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if head.split("{")[0] != name:
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
+_metric = scrape_metric
 
 
 def _chat_body(**extra):

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME, sample_catalog
 
 pytestmark = pytest.mark.server
@@ -245,12 +246,7 @@ def test_rendered_prompt_holds_the_full_catalog_whatever_the_subset(random_serve
         "model": "tiny", "tokens": ids_a[:common]}).json()["prompt"]) >= block
 
 
-def _metric(root_url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(root_url + "/metrics", timeout=30).text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+_metric = scrape_metric
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
