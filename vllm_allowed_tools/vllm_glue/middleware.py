@@ -92,7 +92,12 @@ class _Stop:
                     if not task.done():
                         task.cancel()
             if real in done:
-                return real.result()
+                message = real.result()
+                if message.get("type") == "http.disconnect":
+                    # the client left: every other listener (Starlette's, vLLM's) hears it too,
+                    # even one still waiting on a receive the server already woke once
+                    self.event.set()
+                return message
             return {"type": "http.disconnect"}
 
         return guarded_receive
