@@ -73,7 +73,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkab
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from .policy import NAMESPACE_SEPARATOR, Api, FunctionSpec, ToolIdentity, ToolPolicy, resolve_policy
+from .policy import (NAMESPACE_SEPARATOR, Api, FunctionSpec, NotStrictJSON, ToolIdentity, ToolPolicy,
+                     resolve_policy, strict_json_loads)
 
 __all__ = [
     "AuthorizationDecision",
@@ -693,19 +694,6 @@ class _Rejected(ValueError):
     pass
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise _Rejected(f"duplicate key {_short(key, 60)!r}")
-        result[key] = value
-    return result
-
-
-def _no_constants(token: str) -> Any:
-    raise _Rejected(f"{token} is not valid JSON")
-
-
 def _parse_arguments(raw: Any, max_chars: int) -> dict[str, Any]:
     """One JSON object, strictly; raises ``_Rejected`` with a short reason."""
     if isinstance(raw, Mapping):
@@ -721,9 +709,9 @@ def _parse_arguments(raw: Any, max_chars: int) -> dict[str, Any]:
         raise _Rejected(f"the arguments are {len(raw)} characters long, over the limit of "
                         f"{max_chars}")
     try:
-        value = json.loads(raw, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
-    except _Rejected:
-        raise
+        value = strict_json_loads(raw)
+    except NotStrictJSON as exc:
+        raise _Rejected(str(exc)) from None
     except RecursionError:
         raise _Rejected("the arguments are nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, and int conversion limits

@@ -94,6 +94,30 @@ _MAX_LISTED_NAMES = 20
 _MAX_QUOTED_CHARS = 80
 
 
+class NotStrictJSON(ValueError):
+    """JSON text that only parses by picking one of several readings (a repeated key, NaN)."""
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            shown = key if len(key) <= 60 else key[:57] + "..."
+            raise NotStrictJSON(f"duplicate key {shown!r}")
+        result[key] = value
+    return result
+
+
+def _no_constants(token: str) -> Any:
+    raise NotStrictJSON(f"{token} is not valid JSON")
+
+
+def strict_json_loads(text: str) -> Any:
+    """``json.loads`` that refuses repeated keys and ``NaN``/``Infinity``: with those, a validator,
+    a digest and a handler could each read a different value from the same text."""
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+
+
 def canonical_json(obj: Any) -> str:
     """The one JSON serialization every digest is computed over (sorted keys, no whitespace).
 

@@ -17,32 +17,14 @@ Both are ``"sha256:<64 hex>"`` strings (the algorithm is named on the wire so it
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from ..policy import FunctionSpec, ToolIdentity, canonical_json, function_digest
+from ..policy import FunctionSpec, ToolIdentity, canonical_json, function_digest, strict_json_loads
 
 __all__ = ["PREFIX", "arguments_digest", "canonical_arguments", "definition_digest"]
 
 PREFIX = "sha256:"
-
-
-class _NotCanonical(ValueError):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _NotCanonical(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constants(name: str) -> Any:
-    raise _NotCanonical(f"non-standard JSON constant {name}")
 
 
 def canonical_arguments(arguments: str | Mapping[str, Any]) -> str | None:
@@ -51,7 +33,7 @@ def canonical_arguments(arguments: str | Mapping[str, Any]) -> str | None:
     if not isinstance(arguments, str):
         return canonical_json(arguments)
     try:
-        value = json.loads(arguments, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        value = strict_json_loads(arguments)
     except (ValueError, RecursionError):
         return None
     return canonical_json(value)
