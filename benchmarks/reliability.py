@@ -239,12 +239,7 @@ def send_sync(client: httpx.Client, base_url: str, api: str, body: Any, stream: 
             with client.stream("POST", url, **kwargs) as response:
                 if response.status_code != 200 or \
                         not response.headers.get("content-type", "").startswith("text/event-stream"):
-                    raw = response.read()
-                    try:
-                        payload = json.loads(raw)
-                    except ValueError:
-                        payload = raw[:500].decode(errors="replace")
-                    parse_unary(api, response.status_code, payload, observed)
+                    parse_unary(api, response.status_code, _payload(response.read()), observed)
                 else:
                     observed.status = 200
                     deadline = start + REQUEST_TIMEOUT
@@ -262,6 +257,14 @@ def send_sync(client: httpx.Client, base_url: str, api: str, body: Any, stream: 
     return observed
 
 
+def _payload(raw: bytes) -> Any:
+    """A non-stream answer's body: its JSON, or the start of its text."""
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw[:500].decode(errors="replace")
+
+
 async def send_async(client: httpx.AsyncClient, base_url: str, api: str, body: dict) -> Observed:
     """A streaming request, read to its end."""
     observed = Observed()
@@ -269,12 +272,7 @@ async def send_async(client: httpx.AsyncClient, base_url: str, api: str, body: d
     try:
         async with client.stream("POST", base_url + PATHS[api], json=body) as response:
             if response.status_code != 200:
-                raw = await response.aread()
-                try:
-                    payload = json.loads(raw)
-                except ValueError:
-                    payload = raw[:500].decode(errors="replace")
-                parse_unary(api, response.status_code, payload, observed)
+                parse_unary(api, response.status_code, _payload(await response.aread()), observed)
             else:
                 observed.status = 200
                 parse_stream(api, [line async for line in response.aiter_lines()], observed)

@@ -21,6 +21,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_guard import chat_calls
 
 from vllm_allowed_tools.guard import CatalogPolicy, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.sse import SSEEvent, SSEFramer
@@ -56,19 +57,6 @@ def _responses_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             and e["item"]["type"] == "function_call"]
 
 
-def _chat_calls(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    calls: dict[int, dict[str, Any]] = {}
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            for call in (choice.get("delta") or {}).get("tool_calls") or []:
-                entry = calls.setdefault(call["index"], {"id": None, "name": "", "arguments": ""})
-                entry["id"] = call.get("id") or entry["id"]
-                fn = call.get("function") or {}
-                entry["name"] += fn.get("name") or ""
-                entry["arguments"] += fn.get("arguments") or ""
-    return calls
-
-
 @dataclass
 class Scenario:
     name: str
@@ -86,7 +74,7 @@ def scenarios(draw) -> Scenario:
     events = copy.deepcopy(PARSED[name])
     variant = draw(st.sampled_from(["recorded", "late_name" if not chat else "split_name"]))
     if chat:
-        calls = _chat_calls(events)
+        calls = chat_calls(events)
         if variant == "split_name" and calls:
             index = draw(st.sampled_from(sorted(calls)))
             at = next(i for i, c in enumerate(events)
@@ -106,7 +94,7 @@ def scenarios(draw) -> Scenario:
             events[at:at + 1] = split
         raw = RAW[name] if variant == "recorded" else _encode(events, chat=True)
         found = [{"id": c["id"], "call_id": c["id"], "name": c["name"], "arguments": c["arguments"]}
-                 for _, c in sorted(_chat_calls(events).items())]
+                 for _, c in sorted(chat_calls(events).items())]
         return Scenario(name, variant, "chat", raw, found)
     calls = _responses_calls(events)
     if variant == "late_name" and calls:
@@ -195,7 +183,7 @@ def test_disallowed_call_never_leaks_and_ends_with_one_terminal_event(scenario, 
         assert sum("error" in chunk for chunk in parsed) == 1 and "error" in parsed[-1]
         assert parsed[-1]["error"]["code"] == "allowed_tools_violation"
         assert bad_name.encode() not in out
-        emitted = _chat_calls(parsed[:-1])
+        emitted = chat_calls(parsed[:-1])
         for call in bad_calls:
             assert call["id"].encode() not in out
             assert all(c["id"] != call["id"] for c in emitted.values())
