@@ -40,3 +40,34 @@ def test_example_agent_loop(happy_server, name):
         if record.mode == "required":
             assert record.calls, f"turn {record.index} is required mode but made no call"
     assert any(line.startswith("dispatch  : ran") for line in transcript)
+
+
+@pytest.mark.server
+def test_agents_sdk_example(happy_server):
+    """The OpenAI Agents SDK example: allowed_tools rides in ModelSettings.extra_args on every
+    request of each run (follow-ups after a tool result included), and every call the SDK was
+    asked to run went through the dispatch guard and was in that turn's subset."""
+    example = load_example("agents_sdk_agent")
+    transcript: list[str] = []
+    records = example.run(happy_server.base_url, out=transcript.append)
+    print("\n".join(transcript))
+
+    assert [r.allowed for r in records] == [t.allowed for t in example.TURNS]
+    assert len({tuple(r.allowed) for r in records}) > 1, "the subset must change between turns"
+    for record in records:
+        expected = {"type": "allowed_tools", "mode": record.mode,
+                    "tools": [{"type": "function", "name": n} for n in record.allowed]}
+        assert record.tool_choices, f"turn {record.index} sent no request"
+        assert all(choice == expected for choice in record.tool_choices), (record.index,
+                                                                           record.tool_choices)
+        if record.mode == "required":
+            assert record.calls, f"turn {record.index} is required mode but made no call"
+    assert any(len(r.tool_choices) > 1 for r in records), \
+        "no run sent a follow-up request after a tool result (the auto turns should)"
+    calls = [(record, call) for record in records for call in record.calls]
+    assert calls, "the tool-happy model should call tools"
+    for record, call in calls:
+        assert call.name in record.allowed, (record.index, call)
+        assert call.ok, (record.index, call)
+    assert any(line.startswith("dispatch  : ran") for line in transcript)
+    assert all(r.final_output for r in records), "every run must finish with a final output"
