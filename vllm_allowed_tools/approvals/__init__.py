@@ -28,7 +28,8 @@ Modules: :mod:`.policy` (the operator's policy file and the tool definition's ``
 Configuration by environment (for the server glue, :func:`engine_from_env`):
 ``VLLM_ALLOWED_TOOLS_APPROVAL_POLICY`` (the policy file; unset: approvals off) and
 ``VLLM_ALLOWED_TOOLS_GRANT_STORE`` (a SQLite path or ``postgresql://`` DSN; default
-``grants.db`` next to the policy file).
+``grants.db`` next to the policy file); ``VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT`` (seconds a store
+operation may wait before the store counts as unavailable, default 5).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from .digests import arguments_digest, definition_digest
 from .engine import ApprovalEngine, Decline, Outcome, ProposedCall, Rejected, Release, Replayed
-from .errors import ApprovalInputError, PolicyFileError
+from .errors import ApprovalInputError, GrantStoreUnavailable, PolicyFileError
 from .items import (
     TOOL_CALL_APPROVAL_RESPONSE_SCHEMA,
     TOOL_CALL_APPROVAL_SCHEMA,
@@ -83,6 +84,7 @@ __all__ = [
     "ElicitationType",
     "Grant",
     "GrantStore",
+    "GrantStoreUnavailable",
     "Outcome",
     "PolicyFileError",
     "PostgresGrantStore",

@@ -50,6 +50,13 @@ Decisions where the texts are silent:
 * With no session (``session=None``) the ``session`` scope is not offered.
 * A call whose policy offers no usable scope (e.g. only ``session`` without a session) is declined
   at once (``cause="not_approvable"``).
+* The store unavailable (:class:`~.errors.GrantStoreUnavailable`, HTTP 503): fail closed. A
+  proposal that needs the store (a gated call: grant lookup, elicitation record) raises it, so no
+  gated call is released and none is elicited without a record; calls that need no approval are
+  released without touching the store. A follow-up raises it before or while consuming: each
+  consumption is one transaction, so a response is either fully applied or not at all, and the
+  client may resend it unchanged once the store is back (one applied before the failure is then
+  a :class:`Replayed`: its call is not released twice).
 """
 
 from __future__ import annotations
@@ -478,6 +485,23 @@ class ApprovalEngine:
             f"elicitation {response.elicitation_id!r} was consumed by another response at the same "
             "time; nothing was executed for this one.",
             param="elicitation_id", code=CODE_ELICITATION_CONSUMED, status=409))
+
+    # ------------------------------------------------------------------------------ store
+
+    def needs_approval(self, call: ProposedCall) -> bool:
+        """Whether the policy gates ``call`` (a malformed hint counts as gated: fail closed)."""
+        try:
+            return self.policy.effective(call.identity, call.hint,
+                                         hint_param=call.hint_param).required
+        except ApprovalInputError:
+            return True
+
+    def check_store(self) -> None:
+        """Raise :class:`~.errors.GrantStoreUnavailable` when the store cannot be read now (a cheap
+        read; stores without ``ping`` are assumed up)."""
+        ping = getattr(self.store, "ping", None)
+        if ping is not None:
+            ping()
 
     # ------------------------------------------------------------------------------ grants
 

@@ -4,6 +4,10 @@
   elicitation_response item, a tool definition's ``approval`` object, a response that does not match
   the server's record). An OpenAI-shaped 4xx (``to_openai()``), ``param`` pointing at the field. It is
   raised **before anything is consumed**, so the client can correct the request and send it again.
+* :class:`GrantStoreUnavailable`: the grant store cannot be read or written (SQLite file missing,
+  replaced, locked past the busy timeout, I/O error; PostgreSQL unreachable). HTTP 503: the request
+  is refused before anything is released or recorded (fail closed), and the client may retry it
+  unchanged once the store is back; no server restart is needed.
 * :class:`PolicyFileError`: the operator's policy file is unusable; raised at start-up.
 """
 
@@ -14,11 +18,13 @@ from ..errors import AllowedToolsError
 __all__ = [
     "CODE_ELICITATION_CONSUMED",
     "CODE_ELICITATION_MISMATCH",
+    "CODE_GRANT_STORE_UNAVAILABLE",
     "CODE_INVALID_ELICITATION",
     "CODE_INVALID_ELICITATION_RESPONSE",
     "CODE_UNKNOWN_ELICITATION",
     "CODE_UNKNOWN_ELICITATION_TYPE",
     "ApprovalInputError",
+    "GrantStoreUnavailable",
     "PolicyFileError",
 ]
 
@@ -29,6 +35,7 @@ CODE_UNKNOWN_ELICITATION_TYPE = "unknown_elicitation_type"
 CODE_UNKNOWN_ELICITATION = "unknown_elicitation"  # no pending elicitation with that id for this caller
 CODE_ELICITATION_MISMATCH = "elicitation_mismatch"  # the response names another call / digest
 CODE_ELICITATION_CONSUMED = "elicitation_consumed"  # already answered by another response (409)
+CODE_GRANT_STORE_UNAVAILABLE = "grant_store_unavailable"  # the grant store is down (503)
 
 
 class ApprovalInputError(AllowedToolsError):
@@ -37,6 +44,31 @@ class ApprovalInputError(AllowedToolsError):
     status = 400
     type = "invalid_request_error"
     code = CODE_INVALID_ELICITATION_RESPONSE
+
+
+class GrantStoreUnavailable(AllowedToolsError):
+    """The grant store cannot be used right now (HTTP 503, ``retry_after`` seconds).
+
+    ``message`` is for the client: what happened and what to do, without server paths. ``detail``
+    is for the server log (which store, the underlying error). ``cause`` is a short label (``locked``,
+    ``missing``, ``replaced``, ``not_a_database``, ``io_error``, ``unreachable``, ...).
+    """
+
+    status = 503
+    type = "server_error"
+    code = CODE_GRANT_STORE_UNAVAILABLE
+    retry_after = 5
+
+    def __init__(self, cause: str, *, store: str, detail: str = "") -> None:
+        super().__init__(
+            f"Tool-call approvals are unavailable: the server's grant store ({store}) cannot be "
+            f"used right now ({cause.replace('_', ' ')}). A call to a tool that needs approval can "
+            "be neither checked against a grant nor recorded for approval, so nothing was released "
+            "and nothing was recorded. Retry the same request in a few seconds; tools that need no "
+            "approval keep working. If it persists, the server operator must make the grant store "
+            "(VLLM_ALLOWED_TOOLS_GRANT_STORE) reachable again; no restart is needed.")
+        self.cause = cause
+        self.detail = detail or cause
 
 
 class PolicyFileError(ValueError):

@@ -27,10 +27,23 @@ Backends:
 
 All methods are blocking: call them from a worker thread (``asyncio.to_thread``) in an event loop.
 Times are Unix seconds (floats; wire ``expires_at`` are whole seconds).
+
+**When the store is unavailable** every method raises :class:`~.errors.GrantStoreUnavailable` (HTTP
+503) instead of a driver error, and a failed write leaves nothing behind (its transaction is rolled
+back whole). Nothing is cached: the next call tries again, so the store recovers by itself when it
+comes back. SQLite counts as unavailable when its file is missing (it is never silently re-created
+after start-up: grants written into a fresh file would hide the loss of the old ones), when the path
+now names another file than the one opened (replaced or restored: connections reopen it, and use it
+if it is a grant store), when it is not a database or lacks the schema, when a write waits for
+another process's lock longer than the busy timeout (``VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT``,
+default 5 s), and on I/O errors. PostgreSQL: connection refused or lost (``connect_timeout`` and
+``lock_timeout`` are the same timeout). :meth:`ping` is a cheap read the server uses before it
+starts a request that may need the store.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -42,9 +55,12 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..policy import ToolIdentity
+from .errors import GrantStoreUnavailable
 from .items import TOOL_CALL_APPROVAL, ToolCallApproval
 
 __all__ = [
+    "DEFAULT_STORE_TIMEOUT_S",
+    "ENV_STORE_TIMEOUT",
     "TERMINAL_STATUSES",
     "ConsumeResult",
     "ElicitationRecord",
@@ -53,9 +69,31 @@ __all__ = [
     "PostgresGrantStore",
     "SQLiteGrantStore",
     "open_store",
+    "store_timeout_from_env",
 ]
 
 SCHEMA_VERSION = 1
+
+#: Environment variable: seconds a store operation may wait (SQLite busy timeout, PostgreSQL
+#: connect and lock timeouts) before the store counts as unavailable.
+ENV_STORE_TIMEOUT = "VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT"
+DEFAULT_STORE_TIMEOUT_S = 5.0
+
+
+def store_timeout_from_env(environ: Any = None) -> float:
+    """The store timeout from ``VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT`` (a positive number of
+    seconds), else :data:`DEFAULT_STORE_TIMEOUT_S`."""
+    raw = (os.environ if environ is None else environ).get(ENV_STORE_TIMEOUT)
+    if raw in (None, ""):
+        return DEFAULT_STORE_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):   # also refuses NaN
+        raise ValueError(f"{ENV_STORE_TIMEOUT}={raw!r}: give a positive number of seconds "
+                         f"(default {DEFAULT_STORE_TIMEOUT_S:g})")
+    return value
 
 #: Terminal statuses of an elicitation record (``pending`` is the only other one).
 TERMINAL_STATUSES = frozenset({"accepted", "declined", "cancelled", "expired", "unanswered",
@@ -317,6 +355,10 @@ class _SQLStore:
     def _lock_clause(self) -> str:
         return ""
 
+    def ping(self) -> None:
+        """A cheap read of the schema: raises :class:`GrantStoreUnavailable` when the store is down."""
+        self._read("SELECT 1 FROM grants WHERE id = ?", ("",))
+
     # -- elicitations
 
     def add_elicitations(self, records: Sequence[ElicitationRecord]) -> None:
@@ -444,10 +486,13 @@ class SQLiteGrantStore(_SQLStore):
     """The embedded store: one SQLite file in WAL mode (see the module docstring).
 
     Connections are per thread and per process (a store object inherited across ``fork`` opens its
-    own), so one store object may be shared by the threads of a server.
+    own), so one store object may be shared by the threads of a server. The file is created (with
+    its schema) here; later connections only open an existing file, and every operation first checks
+    that the path still names the file its connection opened.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], *,
+                 busy_timeout_s: float = DEFAULT_STORE_TIMEOUT_S) -> None:
         target = str(path)
         if target in ("", ":memory:") or target.startswith("file:"):
             raise ValueError("SQLiteGrantStore needs a file path (several connections share it)")
@@ -456,51 +501,150 @@ class SQLiteGrantStore(_SQLStore):
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        with self._tx() as cur:
-            (version,) = cur.execute("PRAGMA user_version").fetchone()
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path} holds grant store schema {version}; this version "
-                                   f"of vllm-allowed-tools knows {SCHEMA_VERSION}. Upgrade it.")
-            for statement in _SCHEMA:
-                cur.execute(statement)
-            if version < SCHEMA_VERSION:
-                cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        self._create = True
+        try:
+            with self._tx() as cur:
+                (version,) = cur.execute("PRAGMA user_version").fetchone()
+                if version > SCHEMA_VERSION:
+                    raise RuntimeError(f"{self.path} holds grant store schema {version}; this "
+                                       f"version of vllm-allowed-tools knows {SCHEMA_VERSION}. "
+                                       "Upgrade it.")
+                for statement in _SCHEMA:
+                    cur.execute(statement)
+                if version < SCHEMA_VERSION:
+                    cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        except GrantStoreUnavailable as exc:
+            raise GrantStoreUnavailable(exc.cause, store="SQLite file", detail=(
+                f"cannot open the grant store {self.path}: {exc.detail}. Check the path "
+                "(VLLM_ALLOWED_TOOLS_GRANT_STORE), that its folder exists and is writable, and that "
+                "no other program holds a lock on it")) from exc
+        finally:
+            self._create = False
+
+    # -- connections and their health
+
+    def _unavailable(self, cause: str, detail: str) -> GrantStoreUnavailable:
+        return GrantStoreUnavailable(cause, store="SQLite file",
+                                     detail=f"grant store {self.path}: {detail}")
+
+    def _file_id(self) -> tuple[int, int]:
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError as exc:
+            raise self._unavailable("missing", "the database file is gone (moved, deleted, or its "
+                                    "volume unmounted); restore it") from exc
+        except OSError as exc:
+            raise self._unavailable("io_error", f"cannot stat the database file: {exc}") from exc
+        return st.st_dev, st.st_ino
+
+    def _drop(self) -> None:
+        """Forget this thread's connection (it is reopened, and re-checked, on the next call)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None and self._local.pid == os.getpid():
+            with self._all_lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+            try:
+                conn.close()
+            except sqlite3.Error:
+                pass
 
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
-            return conn
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if str(mode).lower() != "wal":
+            if self._file_id() == self._local.file_id:
+                return conn
+            self._drop()   # the path names another file now: open that one (and check it)
+        if self._create:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+        else:   # never re-create a store that went away: that would hide the loss of its grants
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=rw", uri=True,
+                                   timeout=self.busy_timeout_s, isolation_level=None)
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise RuntimeError(f"cannot put {self.path} in WAL mode (got journal_mode={mode}); "
+                                   "use a local file system")
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            file_id = self._file_id()
+        except BaseException:
             conn.close()
-            raise RuntimeError(f"cannot put {self.path} in WAL mode (got journal_mode={mode}); "
-                               "use a local file system")
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
-        conn.execute("PRAGMA foreign_keys = ON")
-        self._local.conn, self._local.pid = conn, os.getpid()
+            raise
+        self._local.conn, self._local.pid, self._local.file_id = conn, os.getpid(), file_id
         with self._all_lock:
             self._all.append(conn)
         return conn
 
+    def _translate(self, exc: BaseException) -> BaseException:
+        """A driver error that means "the store is not usable now" -> GrantStoreUnavailable (and
+        this thread's connection is dropped); anything else (a bug, a constraint) as it is."""
+        if isinstance(exc, GrantStoreUnavailable):
+            self._drop()
+            return exc
+        if not isinstance(exc, sqlite3.DatabaseError) or isinstance(exc, (
+                sqlite3.IntegrityError, sqlite3.ProgrammingError, sqlite3.DataError,
+                sqlite3.NotSupportedError)):
+            return exc
+        self._drop()
+        text = str(exc)
+        lowered = text.lower()
+        if "locked" in lowered or "busy" in lowered:
+            cause = "locked"
+            text += (f" (another process held the database's write lock for more than the "
+                     f"{self.busy_timeout_s:g} s busy timeout)")
+        elif "not a database" in lowered or "malformed" in lowered:
+            cause = "not_a_database"
+        elif "no such table" in lowered:
+            cause = "not_a_grant_store"
+        elif "unable to open" in lowered:
+            cause = "missing"
+        elif "readonly" in lowered or "read-only" in lowered:
+            cause = "read_only"
+        else:
+            cause = "io_error"
+        return self._unavailable(cause, text)
+
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Cursor]:
-        conn = self._conn()
-        cur = conn.cursor()
-        cur.execute("BEGIN IMMEDIATE")
+        try:
+            conn = self._conn()
+            cur = conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+        except BaseException as exc:
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
         try:
             yield cur
             cur.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        except BaseException as exc:
+            try:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
         finally:
-            cur.close()
+            try:
+                cur.close()
+            except sqlite3.Error:
+                pass
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        return self._conn().execute(sql, tuple(params)).fetchall()
+        try:
+            return self._conn().execute(sql, tuple(params)).fetchall()
+        except BaseException as exc:
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
 
     def close(self) -> None:
         """Close every connection this process opened (other threads must be done with it)."""
@@ -525,23 +669,30 @@ class PostgresGrantStore(_SQLStore):
     """The multi-host store: PostgreSQL through psycopg 3 (``pip install "psycopg[binary]"``).
 
     One connection per thread and per process, autocommit outside explicit transactions; a
-    consumption locks its row (``SELECT ... FOR UPDATE``) so racing servers serialize on it.
+    consumption locks its row (``SELECT ... FOR UPDATE``) so racing servers serialize on it. A lost
+    or refused connection is :class:`GrantStoreUnavailable`; the next call connects again.
     """
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, *, timeout_s: float = DEFAULT_STORE_TIMEOUT_S) -> None:
         try:
             import psycopg  # noqa: F401
         except ModuleNotFoundError as exc:
             raise RuntimeError("PostgresGrantStore needs psycopg 3: pip install \"psycopg[binary]\""
                                ) from exc
         self.dsn = dsn
+        self.timeout_s = timeout_s
         self._local = threading.local()
         self._all: list[Any] = []
         self._all_lock = threading.Lock()
-        with self._tx() as cur:
-            cur.execute("SELECT pg_advisory_xact_lock(727274)")  # one schema creator at a time
-            for statement in _SCHEMA:
-                cur.execute(statement)
+        try:
+            with self._tx() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(727274)")  # one schema creator at a time
+                for statement in _SCHEMA:
+                    cur.execute(statement)
+        except GrantStoreUnavailable as exc:
+            raise GrantStoreUnavailable(exc.cause, store="PostgreSQL", detail=(
+                f"cannot open the grant store: {exc.detail}. Check the DSN "
+                "(VLLM_ALLOWED_TOOLS_GRANT_STORE) and that the server is up")) from exc
 
     def _conn(self) -> Any:
         import psycopg
@@ -549,11 +700,36 @@ class PostgresGrantStore(_SQLStore):
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid() and not conn.closed:
             return conn
-        conn = psycopg.connect(self.dsn, autocommit=True)
+        seconds = max(1, round(self.timeout_s))
+        conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=seconds)
+        conn.execute(f"SET lock_timeout = {int(self.timeout_s * 1000)}")
         self._local.conn, self._local.pid = conn, os.getpid()
         with self._all_lock:
             self._all.append(conn)
         return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None and self._local.pid == os.getpid():
+            with self._all_lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+            with contextlib.suppress(Exception):   # a broken connection may fail to close
+                conn.close()
+
+    def _translate(self, exc: BaseException) -> BaseException:
+        import psycopg
+
+        if isinstance(exc, GrantStoreUnavailable):
+            return exc
+        if not isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            return exc
+        self._drop()
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = "locked" if isinstance(exc, psycopg.errors.LockNotAvailable) else "unreachable"
+        return GrantStoreUnavailable(cause, store="PostgreSQL",
+                                     detail=f"PostgreSQL grant store: {type(exc).__name__}: {text}")
 
     @staticmethod
     def _sql(sql: str) -> str:
@@ -564,14 +740,26 @@ class PostgresGrantStore(_SQLStore):
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        conn = self._conn()
-        with conn.transaction(), conn.cursor() as raw:
-            yield _PgCursor(raw, self._sql)
+        try:
+            conn = self._conn()
+            with conn.transaction(), conn.cursor() as raw:
+                yield _PgCursor(raw, self._sql)
+        except BaseException as exc:
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._conn().cursor() as cur:
-            cur.execute(self._sql(sql), tuple(params))
-            return cur.fetchall()
+        try:
+            with self._conn().cursor() as cur:
+                cur.execute(self._sql(sql), tuple(params))
+                return cur.fetchall()
+        except BaseException as exc:
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
 
     def close(self) -> None:
         with self._all_lock:
@@ -605,18 +793,20 @@ class _PgCursor:
         return self._cur.rowcount
 
 
-def open_store(target: str | os.PathLike[str] | GrantStore) -> GrantStore:
+def open_store(target: str | os.PathLike[str] | GrantStore, *,
+               timeout_s: float | None = None) -> GrantStore:
     """A store from a target: a store object as is; ``postgresql://...`` / ``postgres://...``
     -> :class:`PostgresGrantStore`; ``sqlite:///abs/path``, ``sqlite:rel/path`` or a plain path
-    -> :class:`SQLiteGrantStore`."""
+    -> :class:`SQLiteGrantStore`. ``timeout_s``: see :data:`ENV_STORE_TIMEOUT` (default from it)."""
     if isinstance(target, _SQLStore) or (not isinstance(target, (str, os.PathLike))
                                          and isinstance(target, GrantStore)):
         return target  # type: ignore[return-value]
     text = os.fspath(target)
+    timeout = store_timeout_from_env() if timeout_s is None else timeout_s
     if text.startswith(("postgresql://", "postgres://")):
-        return PostgresGrantStore(text)
+        return PostgresGrantStore(text, timeout_s=timeout)
     if text.startswith("sqlite://"):
         text = text[len("sqlite://"):]
     elif text.startswith("sqlite:"):
         text = text[len("sqlite:"):]
-    return SQLiteGrantStore(text)
+    return SQLiteGrantStore(text, busy_timeout_s=timeout)

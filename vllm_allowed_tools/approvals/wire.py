@@ -19,6 +19,13 @@ Response side (:class:`ResponseApprovals`): every ``function_call`` leaving the 
 replaced by its ``elicitation`` item (unary and streamed, at the same ``output_index``), and a call
 that needs an approval no scope can give is withheld.
 
+The grant store unavailable (:class:`~.errors.GrantStoreUnavailable`, 503): fail closed. The glue
+answers a request that may call a gated tool (or carries approval items) with the 503 before any
+generation when :meth:`ResponseApprovals.may_call_gated` and the store's ping say so; a store that
+fails later, when a gated call is decided, turns a unary answer into the 503 and ends a stream with
+one ``response.failed`` (:meth:`ApprovalStream.fail`, error code ``grant_store_unavailable``): the
+gated call is never released. Requests that cannot call a gated tool do not touch the store.
+
 Who is asking: the principal is derived from the request's credential (``Authorization: Bearer``,
 hashed), never from a field the client can simply assert; without a credential, one documented
 anonymous principal. The session is the Responses ``conversation`` id, else ``prompt_cache_key``
@@ -167,6 +174,22 @@ class ResponseApprovals:
         self.session = session
         self.hints = _hints(body)
 
+    def may_call_gated(self) -> bool:
+        """Whether this turn can produce a call the policy gates (then it may need the store): a
+        gated function in the allowlist (or in the catalog when there is none); not with
+        ``tool_choice: none``."""
+        if self.catalog.choice == "none":
+            return False
+        for spec in self.catalog.catalog:
+            if self.catalog.allowed is not None and spec.identity not in self.catalog.allowed:
+                continue
+            hint, where = self.hints.get(spec.identity.flat_name, (None, "approval"))
+            if self.engine.needs_approval(ProposedCall(call_id="", identity=spec.identity,
+                                                       arguments="", definition_digest="",
+                                                       hint=hint, hint_param=where)):
+                return True
+        return False
+
     def decide(self, calls: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
         """call_id -> the item to send instead (an elicitation), None (withhold), absent (as is)."""
         proposed = []
@@ -219,19 +242,50 @@ class ApprovalStream:
     """Streaming: hold each function_call item's events until its ``output_item.done``, then send
     it as is, as an ``elicitation`` (added + done at the same output_index), or not at all.
     Sequence numbers are renumbered so they stay strictly increasing; output indexes of later items
-    shift down when a call is withheld."""
+    shift down when a call is withheld.
+
+    Decisions may need the grant store. An async caller asks :meth:`pending_calls` first, decides
+    those calls off the event loop (``ResponseApprovals.decide`` in a thread) and hands the result
+    to :meth:`feed`; on :class:`~.errors.GrantStoreUnavailable` it sends :meth:`fail` instead and
+    ends the stream. Without decisions, :meth:`feed` decides inline."""
 
     def __init__(self, approvals: ResponseApprovals) -> None:
         self.approvals = approvals
         self._held: dict[int, list[dict[str, Any]]] = {}
         self._decisions: dict[str, dict[str, Any] | None] = {}
+        self._passed: set[str] = set()          # call ids sent as they were (no approval needed)
         self._next_seq: int | None = None
         self._withheld_before: list[int] = []   # output indexes withheld so far
+        self._snapshot: dict[str, Any] | None = None
+        self._sent: dict[int, dict[str, Any]] = {}   # output index -> item as last sent
+        self._done: set[int] = set()
 
-    def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+    def pending_calls(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The function calls that feeding ``event`` will decide: the held call its
+        ``output_item.done`` completes, or calls a terminal snapshot carries that no event
+        announced (never passed unchecked)."""
+        kind = event.get("type", "")
+        index = event.get("output_index")
+        if kind == "response.output_item.done" and index in self._held:
+            item = event.get("item")
+            return [dict(item)] if isinstance(item, Mapping) else []
+        response = event.get("response")
+        if isinstance(response, Mapping) and kind in ("response.completed", "response.incomplete",
+                                                      "response.failed"):
+            return [dict(item) for item in response.get("output") or ()
+                    if isinstance(item, Mapping) and item.get("type") == "function_call"
+                    and item.get("call_id") not in self._decisions
+                    and item.get("call_id") not in self._passed]
+        return []
+
+    def feed(self, event: dict[str, Any],
+             decisions: Mapping[str, dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
         kind = event.get("type", "")
         index = event.get("output_index")
         item = event.get("item") if isinstance(event.get("item"), Mapping) else None
+        if kind in ("response.created", "response.in_progress", "response.queued") \
+                and isinstance(event.get("response"), dict):
+            self._snapshot = event["response"]
         if kind == "response.output_item.added" and item and item.get("type") == "function_call":
             self._held[index] = [event]
             return []
@@ -240,28 +294,66 @@ class ApprovalStream:
             if kind != "response.output_item.done":
                 return []
             events = self._held.pop(index)
-            decision = self.approvals.decide([item])
+            decision = dict(decisions) if decisions is not None else self.approvals.decide([item])
             self._decisions.update(decision)
             call_id = item.get("call_id")
             if call_id not in decision:
-                return [self._number(e) for e in events]
+                self._passed.add(call_id)
+                return [self._track(self._number(e)) for e in events]
             replacement = decision[call_id]
             if replacement is None:
                 self._withheld_before.append(index)
                 return []
             out_index = self._shift(index)
-            return [self._number({"type": "response.output_item.added", "output_index": out_index,
-                                  "item": replacement}),
-                    self._number({"type": "response.output_item.done", "output_index": out_index,
-                                  "item": replacement})]
+            return [self._track(self._number({"type": "response.output_item.added",
+                                              "output_index": out_index, "item": replacement})),
+                    self._track(self._number({"type": "response.output_item.done",
+                                              "output_index": out_index, "item": replacement}))]
         if isinstance(event.get("response"), dict) and kind in (
                 "response.completed", "response.incomplete", "response.failed"):
             event = copy.copy(event)
+            late = self.pending_calls(event)
+            if late:   # calls only the snapshot carries: decided now, never passed unchecked
+                self._decisions.update(dict(decisions) if decisions is not None
+                                       else self.approvals.decide(late))
+                self._passed.update(str(call.get("call_id")) for call in late
+                                    if call.get("call_id") not in self._decisions)
             event["response"] = self.approvals.apply_to_response(dict(event["response"]),
                                                                  self._decisions)
         if isinstance(index, int) and self._withheld_before:
             event = {**event, "output_index": self._shift(index)}
-        return [self._number(event)]
+        return [self._track(self._number(event))]
+
+    def fail(self, error: Exception) -> list[dict[str, Any]]:
+        """The events that end the stream when a decision could not be made (the store is down):
+        items the client saw open are closed as ``incomplete``, then one ``response.failed`` with
+        the error (``code``, ``message``). Held calls are never shown."""
+        out: list[dict[str, Any]] = []
+        output: list[dict[str, Any]] = []
+        for index in sorted(self._sent):
+            item = dict(self._sent[index])
+            if index not in self._done:
+                item["status"] = "incomplete"
+                out.append(self._number({"type": "response.output_item.done",
+                                         "output_index": index, "item": item}))
+            output.append(item)
+        response = copy.deepcopy(self._snapshot) if self._snapshot is not None else {
+            "object": "response"}
+        response.update(status="failed", output=output, incomplete_details=None,
+                        error={"code": getattr(error, "code", "server_error"),
+                               "message": getattr(error, "message", str(error))})
+        out.append(self._number({"type": "response.failed", "response": response}))
+        return out
+
+    def _track(self, event: dict[str, Any]) -> dict[str, Any]:
+        kind, index, item = event.get("type"), event.get("output_index"), event.get("item")
+        if isinstance(index, int) and isinstance(item, Mapping):
+            if kind == "response.output_item.added":
+                self._sent[index] = dict(item)
+            elif kind == "response.output_item.done":
+                self._sent[index] = dict(item)
+                self._done.add(index)
+        return event
 
     def _shift(self, index: int) -> int:
         return index - sum(1 for withheld in self._withheld_before if withheld < index)

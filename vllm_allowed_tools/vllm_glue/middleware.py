@@ -6,6 +6,13 @@ the engine sees the request. It imports nothing from vLLM: it speaks plain ASGI,
 on every vLLM version.
 
 Launch: ``vllm serve ... --middleware vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware``
+
+With approvals on, every grant-store access runs in a worker thread (``asyncio.to_thread``), never
+on the event loop: a slow or locked store delays only the requests that need it. A request that may
+call a gated tool is answered with 503 ``grant_store_unavailable`` (and ``Retry-After``) before any
+generation while the store is down; when the store fails at the moment a gated call is decided, a
+unary answer becomes that 503 and a stream ends with one ``response.failed`` carrying the same error
+(the engine request is aborted). The gated call is never released.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any, Awaitable, Callable
 from ..errors import AllowedToolsError
 from ..guard import (AllowedToolsViolation, CatalogPolicy, ChatStreamGuard, GuardedSSE,
                      ResponsesStreamGuard, check_chat_completion, check_responses_object)
+from ..approvals.errors import GrantStoreUnavailable
 from ..approvals.wire import ApprovalStream, WithoutGated
 from ..metrics import record_fallback
 from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
@@ -56,11 +64,22 @@ def _with_content_length(headers: list[tuple[bytes, bytes]], length: int) -> lis
     return kept + [(b"content-length", str(length).encode())]
 
 
-async def _send_json(send: Send, status: int, payload: dict[str, Any]) -> None:
+def _error_headers(exc: Exception) -> list[tuple[bytes, bytes]]:
+    retry = getattr(exc, "retry_after", None)
+    return [(b"retry-after", str(retry).encode())] if retry else []
+
+
+def _log_store_down(exc: GrantStoreUnavailable) -> None:
+    logger.error("vllm-allowed-tools: grant store unavailable, gated calls refused (503): %s",
+                 exc.detail)
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any],
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(payload).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
+                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
@@ -170,7 +189,11 @@ class _GuardedSend:
                 else:
                     check_chat_completion(data, self._policy)
                 if self._approvals is not None:
-                    self._approvals.apply_to_response(data)
+                    calls = [item for item in data.get("output") or ()
+                             if isinstance(item, dict) and item.get("type") == "function_call"]
+                    decisions = await asyncio.to_thread(self._approvals.decide, calls) \
+                        if calls else {}
+                    self._approvals.apply_to_response(data, decisions)
                 if self._restore:
                     restore_echo(data, self._original)
                 if self._approvals is not None or self._restore:
@@ -179,6 +202,11 @@ class _GuardedSend:
                 logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
                 body = json.dumps(violation.to_openai()).encode()
                 start["status"] = violation.status
+            except GrantStoreUnavailable as exc:
+                _log_store_down(exc)
+                body = json.dumps(exc.to_openai()).encode()
+                start["status"] = exc.status
+                start["headers"] = list(start.get("headers", [])) + _error_headers(exc)
         start["headers"] = _with_content_length(list(start.get("headers", [])), len(body))
         await self._send(start)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
@@ -190,7 +218,13 @@ class _GuardedSend:
         if not more and not self._guard.terminal:
             out += self._guard.close()
         if self._restore or self._approval_stream is not None:
-            out = self._post_process(out, final=not more or self._guard.terminal)
+            out, store_down = await self._post_process(out, final=not more or self._guard.terminal)
+            if store_down is not None:
+                _log_store_down(store_down)
+                self._finished = True
+                await self._send({"type": "http.response.body", "body": out, "more_body": False})
+                self._stop.event.set()   # vLLM aborts the engine request
+                return
         if self._guard.terminal:
             logger.error("vllm-allowed-tools: ended a stream at a call outside the policy: %s",
                          self._guard.violation)
@@ -200,15 +234,33 @@ class _GuardedSend:
             return
         await self._send({"type": "http.response.body", "body": out, "more_body": more})
 
-    def _post_process(self, chunk: bytes, final: bool) -> bytes:
-        """After the guard: approvals (gated calls become elicitations) and the tool_choice echo."""
+    async def _post_process(self, chunk: bytes,
+                            final: bool) -> tuple[bytes, GrantStoreUnavailable | None]:
+        """After the guard: approvals (gated calls become elicitations) and the tool_choice echo.
+        Returns the bytes to send, and the store error when a decision failed (then the bytes end
+        with the stream's ``response.failed`` and nothing more may be sent)."""
         out = []
         for event in self._framer.feed(chunk):
             data = event.json()
             if not isinstance(data, dict):
                 out.append(event.raw)
                 continue
-            events = self._approval_stream.feed(data) if self._approval_stream is not None else [data]
+            if self._approval_stream is not None:
+                decisions = None
+                pending = self._approval_stream.pending_calls(data)
+                if pending:
+                    try:
+                        decisions = await asyncio.to_thread(self._approvals.decide, pending)
+                    except GrantStoreUnavailable as exc:
+                        for item in self._approval_stream.fail(exc):
+                            if self._restore and isinstance(item.get("response"), dict):
+                                item = {**item, "response": restore_echo(dict(item["response"]),
+                                                                         self._original)}
+                            out.append(SSEEvent.encode(item, item["type"]))
+                        return b"".join(out), exc
+                events = self._approval_stream.feed(data, decisions)
+            else:
+                events = [data]
             for item in events:
                 if item is data and not (self._restore and isinstance(data.get("response"), dict)):
                     out.append(event.raw)
@@ -218,7 +270,7 @@ class _GuardedSend:
                 out.append(SSEEvent.encode(item, item.get("type") or event.event))
         if final:
             out.append(self._framer.flush())
-        return b"".join(out)
+        return b"".join(out), None
 
 
 class AllowedToolsMiddleware:
@@ -262,9 +314,15 @@ class AllowedToolsMiddleware:
         approvals = None
         if self.approvals is not None:
             try:
-                rewritten, approvals, direct = self._approvals(scope, data, rewritten, api)
+                if api == "responses":   # it may read and write the grant store: off the loop
+                    rewritten, approvals, direct = await asyncio.to_thread(
+                        self._approvals, scope, data, rewritten, api)
+                else:
+                    rewritten, approvals, direct = self._approvals(scope, data, rewritten, api)
             except AllowedToolsError as exc:
-                await _send_json(send, exc.status, exc.to_openai())
+                if isinstance(exc, GrantStoreUnavailable):
+                    _log_store_down(exc)
+                await _send_json(send, exc.status, exc.to_openai(), _error_headers(exc))
                 return
             if direct is not None:
                 await _send_direct(send, data, direct, rewritten.original_tool_choice)
@@ -302,6 +360,8 @@ class AllowedToolsMiddleware:
         changed = rewritten.changed or prepared.changed or prepared.body is not rewritten.body
         approvals = ResponseApprovals(self.approvals, data, catalog, principal=principal,
                                       session=session) if catalog is not None else None
+        if approvals is not None and approvals.may_call_gated():
+            self.approvals.check_store()   # down: 503 now, before any generation
         return replace(rewritten, body=prepared.body, changed=changed), approvals, None
 
 
