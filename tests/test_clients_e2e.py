@@ -288,3 +288,25 @@ def test_codex_namespaced_call_round_trip(happy_server, codex_bin, tmp_path):
     assert response.status_code == 200, response.text
     calls = [item for item in response.json()["output"] if item["type"] == "function_call"]
     assert [(c.get("namespace"), c["name"]) for c in calls] == [(NAMESPACE, MEMBER)], calls
+
+
+@pytest.mark.server
+def test_codex_call_outside_its_catalog_is_withheld(happy_server, codex_bin, tmp_path):
+    """Codex's plain ``auto`` request, and a model that calls a tool Codex never offered (the
+    tool-happy model knows only its own pool's names): the call never reaches Codex. The stream
+    ends in ``response.failed`` (HTTP 200, as every stream does) and Codex reports the error."""
+    with Gateway(happy_server.root_url) as gateway:
+        result = run_codex(codex_bin, gateway.base_url, tmp_path, "what is the weather in paris")
+    assert result.returncode != 0, result.stdout
+    assert gateway.exchanges and all(exchange.status == 200 for exchange in gateway.exchanges)
+    offered = {tool["name"] for tool in gateway.exchanges[0].sent["tools"] if "name" in tool}
+    for exchange in gateway.exchanges:
+        events = exchange.events()
+        kinds = [event["type"] for event in events]
+        assert kinds[-1] == "response.failed" and kinds.count("response.failed") == 1, kinds
+        assert events[-1]["response"]["error"]["code"] == "allowed_tools_violation"
+        leaked = [event["item"] for event in events if event["type"].startswith("response.output_item")
+                  and event["item"]["type"] == "function_call"
+                  and event["item"].get("name") not in offered]
+        assert not leaked, leaked
+    assert "allowed_tools_violation" in result.stderr, result.stderr[-3000:]
