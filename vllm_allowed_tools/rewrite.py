@@ -12,8 +12,9 @@ What the rewrite does for an ``allowed_tools`` request:
 * ``chat_template_kwargs.allowed_tools_policy`` tells our templates to render the per-turn policy
   block at the tail of the prompt.
 
-A client can never smuggle in a policy: both keys are removed from every request first and only set
-from a policy this module resolved.
+A client can never smuggle in a policy or a grammar: both keys, and the logits-processor stage's
+``vllm_xargs`` keys, are removed from every request first and only set from a policy this module
+resolved.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+from .constraint import XARGS_KEYS
 from .policy import ToolPolicy, resolve_policy
 
 Api = Literal["responses", "chat"]
@@ -86,6 +88,10 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     kwargs = new.get("chat_template_kwargs")
     if isinstance(kwargs, Mapping) and TEMPLATE_KWARG in kwargs:
         new["chat_template_kwargs"] = {k: v for k, v in kwargs.items() if k != TEMPLATE_KWARG}
+        changed = True
+    xargs = new.get("vllm_xargs")
+    if isinstance(xargs, Mapping) and any(key in xargs for key in XARGS_KEYS):
+        new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in XARGS_KEYS}
         changed = True
     policy = resolve_policy(new, api)
     original = body.get("tool_choice")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from ..constraint import STAGE_ENV, STAGE_LOGITS_PROCESSOR, constraint_stage
 from ..errors import CapabilityError
 from .plugin import PARSERS
 
@@ -101,6 +102,23 @@ def chat_template_source(argv: Sequence[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def _check_logits_processor_stage(argv: Sequence[str], environ: dict[str, str]) -> None:
+    """Where vLLM would not run our logits processor, refuse the switch instead of serving
+    unconstrained requests: speculative decoding (vLLM drops entry-point processors there) and
+    Model Runner V2 (it takes another interface)."""
+    if _flag_value(argv, "--speculative-config", "--speculative_config") is not None:
+        raise CapabilityError(
+            f"{STAGE_ENV}={STAGE_LOGITS_PROCESSOR} cannot run with speculative decoding (vLLM does "
+            f"not load logits processors then); unset {STAGE_ENV} to use the native structured-"
+            "output path, which supports it", capability="constraint_stage", status=500)
+    if environ.get("VLLM_TARGET_DEVICE", "").strip().lower() != "cpu" \
+            and environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false"):
+        raise CapabilityError(
+            f"{STAGE_ENV}={STAGE_LOGITS_PROCESSOR} runs on vLLM's V1 model runner only, and Model "
+            "Runner V2 may be chosen on this device; set VLLM_USE_V2_MODEL_RUNNER=0 (or unset "
+            f"{STAGE_ENV})", capability="constraint_stage", status=500)
+
+
 def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServerCapabilities:
     """Raise CapabilityError when this server could not enforce allowed_tools (or keep its prompt
     prefix stable, unless the explicit fallback is on); otherwise say what it can do."""
@@ -115,12 +133,16 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
             f"--tool-call-parser {parser} cannot enforce allowed_tools: use one of our wrappers "
             f"({', '.join(sorted(PARSERS))}), e.g. --tool-call-parser allowed_{parser} if it exists",
             capability="tool_parser", status=500)
+    stage = constraint_stage(environ)
     backend = structured_output_backend(argv)
-    if backend in BACKENDS_WITHOUT_STRUCTURAL_TAGS:
+    if stage == STAGE_LOGITS_PROCESSOR:
+        _check_logits_processor_stage(argv, environ)
+    elif backend in BACKENDS_WITHOUT_STRUCTURAL_TAGS:
         raise CapabilityError(
             f"the {backend!r} structured-output backend cannot compile the structural tags that "
             "constrain decoding to the allowed tools; start vLLM with "
-            "--structured-outputs-config.backend xgrammar (or auto)",
+            "--structured-outputs-config.backend xgrammar (or auto), or serve the grammar "
+            f"through our logits processor with {STAGE_ENV}={STAGE_LOGITS_PROCESSOR}",
             capability="structured_output_backend", status=500)
     if environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "1").strip().lower() in ("0", "false"):
         raise CapabilityError(

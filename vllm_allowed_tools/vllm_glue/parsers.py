@@ -25,7 +25,10 @@ from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
 
+from ..constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG, constraint_stage
 from ..errors import CapabilityError
+from ..grammar import (WIRE_FORMATS, AllowedFunction, BuiltTag, GrammarKey, allowed_subset_tag, built,
+                       cap_json_whitespace, tag_digest)
 from ..metrics import record_violation
 from ..rewrite import POLICY_KEY, WirePolicy
 from .plugin import PARSERS
@@ -64,13 +67,7 @@ def _tool_name(tool: Any) -> str | None:
 
 def _narrowed(request, policy: WirePolicy):
     """A deep copy of `request` whose tools are only the allowed ones (namespaces flattened)."""
-    tools = list(request.tools or [])
-    try:
-        from vllm.tool_parsers.utils import get_function_tools
-        tools = list(get_function_tools(tools))
-    except ImportError:  # pragma: no cover - older vLLM without namespace flattening
-        pass
-    allowed = [tool for tool in tools if _tool_name(tool) in policy.allowed]
+    allowed = [tool for tool in _function_tools(request) if _tool_name(tool) in policy.allowed]
     return request.model_copy(update={"tools": allowed}, deep=True)
 
 
@@ -87,6 +84,10 @@ class AllowedToolsMixin:
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
         if self.structural_tag_model is None:
             return None
+        if self.allowed_tools_base_parser in WIRE_FORMATS:
+            built = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
+                                        max(strict_level, ToolStrictLevel.FUNCTION))
+            return built.tag if built is not None else None
         from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
         tag = get_model_structural_tag(
             model=self.structural_tag_model, tools=request.tools,
@@ -110,6 +111,8 @@ class AllowedToolsMixin:
                     setattr(request, field_name, getattr(probe, field_name))
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
+        if constraint_stage() == STAGE_LOGITS_PROCESSOR:
+            _hand_grammar_to_logits_processor(request)
         return request
 
     def _ensure_structural_tag(self, request, policy: WirePolicy):
@@ -188,12 +191,69 @@ class AllowedToolsMixin:
         return delta.model_copy(update={"tool_calls": kept})
 
 
+def _function_tools(request) -> list[Any]:
+    """The request's function tools as the model sees them (namespace members flattened)."""
+    tools = list(request.tools or [])
+    try:
+        from vllm.tool_parsers.utils import get_function_tools
+        return list(get_function_tools(tools))
+    except ImportError:  # pragma: no cover - older vLLM without namespace flattening
+        return tools
+
+
+def _allowed_functions(request, policy: WirePolicy) -> list[AllowedFunction]:
+    """The allowed functions in catalog order."""
+    functions = []
+    for tool in _function_tools(request):
+        function = getattr(tool, "function", None) or tool
+        if function.name in policy.allowed:
+            functions.append(AllowedFunction(name=function.name, parameters=function.parameters,
+                                             strict=getattr(function, "strict", None)))
+    return functions
+
+
+def _strict_names(request, policy: WirePolicy) -> frozenset[str]:
+    """Allowed functions marked ``strict: true`` (the catalog digest leaves ``strict`` out)."""
+    return frozenset(function.name for function in _allowed_functions(request, policy)
+                     if function.strict is True)
+
+
+def _allowed_subset_tag(wire_format: str, request, policy: WirePolicy, strict_level) -> BuiltTag | None:
+    """The cached tag for this (catalog, subset, mode, parallel) turn (see grammar.GrammarKey)."""
+    key = GrammarKey(wire_format=wire_format, catalog_digest=policy.catalog_digest,
+                     allowlist_digest=policy.allowlist_digest, mode=policy.mode,  # type: ignore[arg-type]
+                     parallel_tool_calls=policy.parallel_tool_calls,
+                     strict_names=_strict_names(request, policy), strict_level=int(strict_level),
+                     max_whitespace=_max_json_whitespace())
+    return allowed_subset_tag(key, lambda: _allowed_functions(request, policy))
+
+
+def _hand_grammar_to_logits_processor(request) -> None:
+    """Move the grammar from vLLM's native structured outputs to our logits processor's request
+    arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one)."""
+    outputs = getattr(request, "structured_outputs", None)
+    if outputs is None:
+        return
+    if outputs.structural_tag is not None:
+        tag_json = outputs.structural_tag
+    elif outputs.json is not None:
+        from xgrammar import StructuralTag
+        from xgrammar.structural_tag import JSONSchemaFormat
+        schema = json.loads(outputs.json) if isinstance(outputs.json, str) else outputs.json
+        tag_json = built(StructuralTag(format=JSONSchemaFormat(json_schema=schema))).json
+    else:
+        return
+    request.vllm_xargs = {**(request.vllm_xargs or {}),
+                          XARGS_TAG: tag_json, XARGS_DIGEST: tag_digest(tag_json)}
+    request.structured_outputs = None
+
+
 def _max_json_whitespace() -> int | None:
     value = os.environ.get(MAX_WHITESPACE_ENV, "").strip()
     if not value:
         return None
     try:
-        return max(0, int(value))
+        return max(1, int(value))   # xgrammar needs at least 1
     except ValueError:
         raise CapabilityError(f"{MAX_WHITESPACE_ENV}={value!r} is not an integer; set a whole number "
                               "of whitespace characters or unset it", capability="config",
@@ -204,22 +264,8 @@ def _cap_whitespace(tag):
     """Bound JSON whitespace in argument grammars when the operator asks (random-weight models pad
     JSON with whitespace until max_tokens; real models rarely need more than a little)."""
     limit = _max_json_whitespace()
-    if limit is None:
-        return tag
-    from pydantic import BaseModel
-    from xgrammar.structural_tag import JSONSchemaFormat
-
-    def visit(node: Any) -> None:
-        if isinstance(node, JSONSchemaFormat):
-            node.max_whitespace_cnt = limit
-        elif isinstance(node, BaseModel):
-            for name in type(node).model_fields:
-                visit(getattr(node, name))
-        elif isinstance(node, (list, tuple)):
-            for item in node:
-                visit(item)
-
-    visit(tag)
+    if limit is not None:
+        cap_json_whitespace(tag, limit)
     return tag
 
 

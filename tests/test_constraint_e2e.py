@@ -1,0 +1,161 @@
+"""The logits-processor stage forced on, served for real: the serving guarantees still hold.
+
+The random-weight server runs with the ``guidance`` structured-output backend, which cannot compile
+structural tags at all: every constrained answer it gives was constrained by our logits processor
+(with the native path that backend is refused at start-up). The tool-happy server checks auto mode
+against a model that violates the allowlist on its own most of the time, and that the parser's
+defense-in-depth filter never had to drop anything (the grammar did the work).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from conftest import start_cli_server, stop_cli_server
+from test_serving_e2e import _catalog_and_subset, _chat_choice, chat_calls, responses_calls
+
+from vllm_allowed_tools.testing.metrics import scrape_metric
+from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+
+pytestmark = pytest.mark.server
+
+LP_ENV = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor"}
+SEEDS = range(6)
+
+
+@pytest.fixture(scope="module")
+def lp_random_server():
+    server = start_cli_server("random", env=LP_ENV,
+                              extra_args=["--structured-outputs-config.backend", "guidance"])
+    yield server
+    stop_cli_server(server)
+
+
+@pytest.fixture(scope="module")
+def lp_happy_server():
+    server = start_cli_server("tool-happy", env=LP_ENV)
+    yield server
+    stop_cli_server(server)
+
+
+def _parser_violations(server) -> float:
+    return scrape_metric(server.root_url, "vllm_allowed_tools:violations_total", source="parser")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_required_mode_only_allowed_calls(lp_random_server, stream):
+    client = lp_random_server.client()
+    for seed in SEEDS:
+        catalog, allowed = _catalog_and_subset(seed)
+        calls, text = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
+        assert len(calls) == 1, (seed, calls, text)
+        assert calls[0][0] in allowed and POOL_BY_NAME[calls[0][0]].arguments_valid(calls[0][1])
+        r_calls, r_text, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream)
+        assert len(r_calls) == 1, (seed, r_calls, r_text)
+        assert r_calls[0][0] in allowed and POOL_BY_NAME[r_calls[0][0]].arguments_valid(r_calls[0][1])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_parallel_false_and_auto_mode(lp_random_server, stream):
+    client = lp_random_server.client()
+    text_only = 0
+    for seed in SEEDS:
+        catalog, allowed = _catalog_and_subset(seed)
+        calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream,
+                                      parallel=False, max_tokens=200)
+        assert len(calls) == 1, calls
+        calls, text = chat_calls(client, catalog, "auto", allowed, seed, stream=stream, max_tokens=60)
+        assert all(name in allowed for name, _ in calls), (seed, calls)
+        text_only += not calls and bool(text)
+    assert text_only > 0, "auto mode must still allow a text-only answer"
+
+
+def test_plain_requests_are_not_constrained(lp_random_server):
+    """No policy, no grammar: a plain `required` on this server gets vLLM's own (guidance) JSON
+    path and a request without tools is free text."""
+    client = lp_random_server.client()
+    text = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20, seed=1,
+        temperature=1.0).choices[0].message.content
+    assert text and "<tool_call>" not in text
+
+
+def test_mixed_batch_each_request_gets_its_own_grammar(lp_random_server):
+    """Concurrent requests share the engine's batch: with and without a policy, different subsets,
+    both modes. Each obeys its own allowlist, and required ones always call."""
+    client = lp_random_server.client()
+    rng = random.Random(7)
+    jobs = []
+    for index in range(24):
+        catalog = sample_catalog(rng, 8)
+        allowed = [tool.name for tool in rng.sample(catalog, 1 + index % 3)]
+        jobs.append((index, catalog, allowed, ("required", "auto", None)[index % 3]))
+
+    def run(job):
+        index, catalog, allowed, mode = job
+        if mode is None:   # no policy (and no tools: guidance cannot run vLLM's own tool grammar)
+            reply = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Go ahead."}], max_tokens=40,
+                temperature=1.0, seed=index)
+            return job, reply.choices[0].message.content
+        calls, _ = chat_calls(client, catalog, mode, allowed, index, stream=index % 2 == 0,
+                              parallel=mode == "auto", max_tokens=150)
+        return job, calls
+
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        results = list(pool.map(run, jobs))
+    for (index, catalog, allowed, mode), calls in results:
+        if mode is None:
+            assert calls and "<tool_call>" not in calls, calls   # free text, unconstrained
+            continue
+        assert all(name in allowed for name, _ in calls), (index, mode, allowed, calls)
+        if mode == "required":
+            assert calls and all(POOL_BY_NAME[n].arguments_valid(a) for n, a in calls), (index, calls)
+
+
+def test_auto_mode_holds_against_the_tool_happy_model(lp_happy_server):
+    client = lp_happy_server.client()
+    before = _parser_violations(lp_happy_server)
+    trials, without, with_policy, calls_with = 16, 0, 0, 0
+    for seed in range(trials):
+        catalog, allowed = _catalog_and_subset(100 + seed)
+        messages = [{"role": "system", "content": "You are a helpful agent."},
+                    {"role": "user", "content": "Go ahead."}]
+        tools = [tool.chat_tool() for tool in catalog]
+        plain = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
+                                               max_tokens=60, temperature=1.0, seed=seed)
+        without += any(c.function.name not in allowed for c in plain.choices[0].message.tool_calls or [])
+        governed = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
+                                                  tool_choice=_chat_choice("auto", allowed),
+                                                  max_tokens=60, temperature=1.0, seed=seed)
+        names = [c.function.name for c in governed.choices[0].message.tool_calls or []]
+        calls_with += bool(names)
+        with_policy += any(name not in allowed for name in names)
+    print(json.dumps({"stage": "logits-processor", "trials": trials,
+                      "violation_rate_without_policy": without / trials,
+                      "violation_rate_with_policy": with_policy / trials,
+                      "responses_with_allowed_calls": calls_with / trials}))
+    assert without / trials >= 0.5, "the adversary got weak: the test would be hollow"
+    assert with_policy == 0 and calls_with > 0
+    assert _parser_violations(lp_happy_server) == before, \
+        "the parser had to drop disallowed calls: the grammar did not constrain decoding"
+
+
+def test_client_cannot_plant_a_grammar(lp_happy_server):
+    """Our vllm_xargs keys are stripped from client requests: a client's own 'grammar' (here one
+    that would force a call to a tool outside its allowlist) never reaches the engine."""
+    from vllm_allowed_tools.constraint import constraint_extra_args
+    from vllm_allowed_tools.grammar import AllowedFunction, build_structural_tag, built
+    catalog, allowed = _catalog_and_subset(3)
+    outsider = next(tool for tool in catalog if tool.name not in allowed)
+    planted = built(build_structural_tag("hermes", [AllowedFunction(outsider.name, {"type": "object"})],
+                                         "required"))
+    reply = lp_happy_server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
+        tools=[tool.chat_tool() for tool in catalog], tool_choice=_chat_choice("required", allowed),
+        max_tokens=80, temperature=1.0, seed=3, extra_body={"vllm_xargs": constraint_extra_args(planted)})
+    names = [c.function.name for c in reply.choices[0].message.tool_calls or []]
+    assert names and all(name in allowed for name in names), names

@@ -1,0 +1,200 @@
+"""The logits-processor constraint stage, without vLLM: compiled-grammar cache and batch masking.
+
+vLLM can apply a turn's structural tag in two places: its native structured-output path (the
+xgrammar backend, scheduled with the batch) or a custom logits processor. This module is the second
+one's core, kept free of vLLM so it is tested on its own: :class:`CompiledGrammars` compiles a tag
+once per (tokenizer, tag) and :class:`MaskedBatch` keeps one xgrammar matcher per constrained batch
+row, advances it over the row's new output tokens and masks the row's logits. The vLLM adapter
+(``vllm_glue/logits_processor.py``) only translates vLLM's batch updates into :meth:`MaskedBatch.add`,
+:meth:`~MaskedBatch.remove` and :meth:`~MaskedBatch.move`.
+
+A request opts in through ``SamplingParams.extra_args`` (``vllm_xargs`` on the wire, set by our
+parser wrappers, never by clients: the middleware strips these keys from every request).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .grammar import BuiltTag, _LRU, tag_digest
+
+logger = logging.getLogger(__name__)
+
+#: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
+XARGS_TAG = "vllm_allowed_tools_tag"
+XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
+XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST)
+
+#: which constraint stage serves allowed-tools grammars; see :func:`constraint_stage`
+STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
+STAGE_NATIVE = "native"
+STAGE_LOGITS_PROCESSOR = "logits-processor"
+STAGES = (STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
+
+
+class ConstraintArgsError(ValueError):
+    """Malformed constraint arguments on a request (reported as a 400 naming the key)."""
+
+
+def constraint_stage(environ: Mapping[str, str] | None = None) -> str:
+    """The operator's switch. ``native`` (default: vLLM's xgrammar backend, measured faster for
+    batched decoding; see the README) or ``logits-processor`` (needed with another structured-output
+    backend, and what offline ``LLM`` users get through :func:`constraint_extra_args`)."""
+    value = (environ if environ is not None else os.environ).get(STAGE_ENV, "").strip().lower()
+    if not value:
+        return STAGE_NATIVE
+    if value not in STAGES:
+        from .errors import CapabilityError
+        raise CapabilityError(f"{STAGE_ENV}={value!r} is not a constraint stage; set one of "
+                              f"{', '.join(STAGES)} or unset it", capability="config", status=500)
+    return value
+
+
+def constraint_extra_args(tag: BuiltTag) -> dict[str, str]:
+    """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
+    logits-processor stage constrains the request with ``tag``."""
+    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest}
+
+
+@dataclass(frozen=True)
+class RequestGrammar:
+    tag_json: str
+    digest: str
+
+
+def read_extra_args(extra_args: Mapping[str, Any] | None) -> RequestGrammar | None:
+    """The request's grammar, None for an unconstrained request; raises ConstraintArgsError naming
+    the key when the arguments are malformed (never constrains with a grammar it cannot trust)."""
+    if not extra_args or (XARGS_TAG not in extra_args and XARGS_DIGEST not in extra_args):
+        return None
+    tag_json, digest = extra_args.get(XARGS_TAG), extra_args.get(XARGS_DIGEST)
+    if not isinstance(tag_json, str) or not tag_json:
+        raise ConstraintArgsError(f"extra_args.{XARGS_TAG} must be the structural tag's JSON text")
+    if not isinstance(digest, str) or digest != tag_digest(tag_json):
+        raise ConstraintArgsError(f"extra_args.{XARGS_DIGEST} must be the sha256 of "
+                                  f"extra_args.{XARGS_TAG}; build both with constraint_extra_args()")
+    return RequestGrammar(tag_json=tag_json, digest=digest)
+
+
+class CompiledGrammars:
+    """Compiled structural tags for one tokenizer, by tag digest (LRU).
+
+    Keyed by digest, not by the client-visible policy, so no request can plant a grammar under
+    another turn's key: the digest is checked against the text on every compile."""
+
+    def __init__(self, tokenizer_info: Any, capacity: int = 256, max_threads: int = 8) -> None:
+        import xgrammar as xgr
+        self.tokenizer_info = tokenizer_info
+        self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=max_threads,
+                                             cache_enabled=False)
+        self._cache = _LRU(capacity)
+
+    def get(self, grammar: RequestGrammar) -> Any:
+        compiled = self._cache.get(grammar.digest)
+        if compiled is None:
+            if tag_digest(grammar.tag_json) != grammar.digest:
+                raise ConstraintArgsError("structural tag digest mismatch")
+            compiled = self._compiler.compile_structural_tag(grammar.tag_json)
+            self._cache.put(grammar.digest, compiled)
+        return compiled
+
+    @property
+    def stats(self) -> tuple[int, int, int]:
+        """(hits, misses, entries)."""
+        return self._cache.hits, self._cache.misses, len(self._cache)
+
+
+@dataclass
+class _Row:
+    matcher: Any
+    output_ids: Sequence[int]          # vLLM's live list of the request's output tokens
+    consumed: int = 0
+    failed: bool = False               # a token the grammar refused: only stop tokens from now on
+    stop_token_ids: tuple[int, ...] = field(default=())
+
+
+class MaskedBatch:
+    """One matcher per constrained row of a persistent batch; unconstrained rows cost nothing."""
+
+    def __init__(self, grammars: CompiledGrammars, vocab_size: int, max_rows: int) -> None:
+        import xgrammar as xgr
+        self.grammars = grammars
+        self.vocab_size = vocab_size
+        self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)
+        self.rows: dict[int, _Row] = {}
+
+    # ------------------------------------------------------------------ batch changes
+    def add(self, row: int, grammar: RequestGrammar | None, output_ids: Sequence[int],
+            stop_token_ids: Sequence[int] = ()) -> None:
+        """A request enters ``row`` (replacing whatever was there); tokens it already produced
+        (a resumed request) are replayed into the new matcher on the next :meth:`sync`."""
+        self.rows.pop(row, None)
+        if grammar is None:
+            return
+        import xgrammar as xgr
+        matcher = xgr.GrammarMatcher(self.grammars.get(grammar),
+                                     override_stop_tokens=list(stop_token_ids) or None)
+        self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
+                              stop_token_ids=tuple(stop_token_ids))
+
+    def remove(self, row: int) -> None:
+        self.rows.pop(row, None)
+
+    def move(self, source: int, target: int, swap: bool) -> None:
+        moving = self.rows.pop(source, None)
+        displaced = self.rows.pop(target, None)
+        if moving is not None:
+            self.rows[target] = moving
+        if swap and displaced is not None:
+            self.rows[source] = displaced
+
+    # ------------------------------------------------------------------ per step
+    def sync(self) -> None:
+        """Advance every matcher over the output tokens produced since the last step."""
+        for state in self.rows.values():
+            output = state.output_ids
+            while state.consumed < len(output):
+                token = output[state.consumed]
+                if token < 0:          # a placeholder not yet filled in (async scheduling)
+                    break
+                state.consumed += 1
+                if state.failed or state.matcher.is_terminated():
+                    continue
+                if not state.matcher.accept_token(int(token)):
+                    state.failed = True
+                    logger.error("vllm-allowed-tools: the grammar refused token %d; the request "
+                                 "may only stop now", token)
+
+    def apply(self, logits: Any) -> Any:
+        """Mask each constrained row of ``logits`` ([rows, vocab]) in place."""
+        if not self.rows:
+            return logits
+        import xgrammar as xgr
+        batch = logits.shape[0]
+        indices = [row for row in self.rows if row < batch]
+        if not indices:
+            return logits
+        bitmask = self._bitmask
+        for row in indices:
+            state = self.rows[row]
+            if state.failed or state.matcher.is_terminated():
+                self._stop_only(bitmask, row, state)
+            else:
+                state.matcher.fill_next_token_bitmask(bitmask, row)
+        xgr.apply_token_bitmask_inplace(logits, bitmask[:batch].to(logits.device),
+                                        vocab_size=min(self.vocab_size, logits.shape[-1]),
+                                        indices=indices)
+        return logits
+
+    def _stop_only(self, bitmask: Any, row: int, state: _Row) -> None:
+        bitmask[row].zero_()
+        stops = state.stop_token_ids or tuple(self.grammars.tokenizer_info.stop_token_ids)
+        for token in stops:
+            if 0 <= token < self.vocab_size:
+                word, bit = divmod(token, 32)
+                value = int(bitmask[row, word]) | (1 << bit)
+                bitmask[row, word] = value - (1 << 32) if value >= (1 << 31) else value

@@ -1,0 +1,117 @@
+"""The logits-processor constraint stage, as vLLM's ``vllm.logits_processors`` entry point.
+
+vLLM loads every installed entry point of that group into every server, so this class must cost
+nothing to servers that never use it: construction is cheap, the tokenizer and the grammar compiler
+are only built when the first constrained request arrives, and ``apply`` returns at once while no
+row of the batch is constrained.
+
+It implements the V1 model runner's interface. Model Runner V2 loads entry points of the same
+group but refuses V1-interface classes, which would stop every V2 server that merely has this
+package installed, so the class also declares the V2 interface and, under V2, constrains nothing
+and refuses (at admission, with a 400 naming the key) every request that asks it to; the start-up
+check refuses the ``logits-processor`` switch there too. vLLM itself drops entry-point processors
+under speculative decoding; the start-up check refuses the switch there as well.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
+
+from ..constraint import (
+    CompiledGrammars,
+    ConstraintArgsError,
+    MaskedBatch,
+    read_extra_args,
+)
+
+try:  # Model Runner V2 (vLLM 0.32+): see the module docstring
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
+except ImportError:  # pragma: no cover - a vLLM without Model Runner V2
+    class V2LogitsProcessor:  # type: ignore[no-redef]
+        pass
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+
+V2_REFUSAL = ("the allowed-tools logits-processor stage runs on vLLM's V1 model runner only; set "
+              "VLLM_USE_V2_MODEL_RUNNER=0 or VLLM_ALLOWED_TOOLS_CONSTRAINT=native")
+
+_TOKENIZER_GRAMMARS: dict[Any, CompiledGrammars] = {}
+
+
+def compiled_grammars_for(vllm_config: "VllmConfig") -> CompiledGrammars:
+    """One compiled-grammar cache per tokenizer (model, revision, mode, vocabulary size), shared by
+    every processor instance of this process."""
+    model_config = vllm_config.model_config
+    key = (model_config.tokenizer, getattr(model_config, "tokenizer_revision", None),
+           getattr(model_config, "tokenizer_mode", None), model_config.get_vocab_size())
+    grammars = _TOKENIZER_GRAMMARS.get(key)
+    if grammars is None:
+        import xgrammar as xgr
+        from vllm.tokenizers import cached_tokenizer_from_config
+        tokenizer = cached_tokenizer_from_config(model_config)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model_config.get_vocab_size())
+        grammars = _TOKENIZER_GRAMMARS[key] = CompiledGrammars(info)
+    return grammars
+
+
+class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
+    """Masks the logits of requests that carry an allowed-tools structural tag in ``extra_args``."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        try:
+            read_extra_args(sampling_params.extra_args)
+        except ConstraintArgsError as error:
+            raise ValueError(str(error)) from None
+
+    def __init__(self, vllm_config: "VllmConfig", *args: Any) -> None:
+        self._vllm_config = vllm_config
+        self._v2 = len(args) == 1          # V2: (vllm_config, req_states); V1: (config, device, pin)
+        self._batch: MaskedBatch | None = None
+        self._max_rows = vllm_config.scheduler_config.max_num_seqs
+
+    def _masked_batch(self) -> MaskedBatch:
+        if self._batch is None:
+            grammars = compiled_grammars_for(self._vllm_config)
+            self._batch = MaskedBatch(grammars, self._vllm_config.model_config.get_vocab_size(),
+                                      self._max_rows)
+        return self._batch
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ V1 interface
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if batch_update is not None:
+            for row in batch_update.removed:
+                if self._batch is not None:
+                    self._batch.remove(row)
+            for row, params, _prompt_ids, output_ids in batch_update.added:
+                grammar = read_extra_args(params.extra_args) if params is not None else None
+                if grammar is None and self._batch is None:
+                    continue
+                stops = sorted(getattr(params, "all_stop_token_ids", None) or ())
+                self._masked_batch().add(row, grammar, output_ids, stops)
+            for source, target, direction in batch_update.moved:
+                if self._batch is not None:
+                    self._batch.move(source, target, direction == MoveDirectionality.SWAP)
+        if self._batch is not None:
+            self._batch.sync()
+
+    def apply(self, logits, ctx: Any = None):
+        if self._batch is None or self._v2:
+            return logits
+        return self._batch.apply(logits)
+
+    # ------------------------------------------------------------------ V2 interface
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        if read_extra_args(sampling_params.extra_args) is not None:
+            raise ValueError(V2_REFUSAL)
+        return False
+
