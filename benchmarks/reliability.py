@@ -59,7 +59,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import re
 import shutil
@@ -69,6 +71,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -1135,16 +1138,444 @@ def run_disconnects(base_url: str, streams: int) -> Figures:
     return figures
 
 
+# ============================================================================ grant-store faults
+#
+# Approvals on (an operator policy gating GATED_TOOL). Two faults:
+#
+# * the grant store unavailable while the server runs (SQLite: its folder moved away, as an
+#   unmounted volume; its write lock held by another process past the busy timeout; PostgreSQL: the
+#   server stopped). Requests that may call the gated tool must be refused with a 503
+#   `grant_store_unavailable` (a stream that already started: one `response.failed` with that code),
+#   never with the gated call released; requests that cannot call it keep working; an answer to an
+#   elicitation sent during the outage is refused and can be sent again afterwards; the server
+#   recovers by itself when the store is back.
+# * the API server's process group SIGKILLed while approvals are being answered: every grant the
+#   client was told about (an `accept` with scope `session` answered 200 with the released call) must
+#   be in the store after a restart on the same store, and usable (the next call in that session is
+#   released without asking); the store must pass SQLite's integrity and foreign-key checks.
+
+GATED_TOOL, FREE_TOOL = "send_email", "get_weather"
+APPROVAL_POLICY = {"rules": [{"tools": [GATED_TOOL], "approval": "required",
+                              "scopes": ["once", "session"]}]}
+STORE_TIMEOUT_S = 1.0          # the server's grant-store timeout in these runs (busy/lock waits)
+
+
+def approval_env(folder: Path, store: str | None = None) -> dict[str, str]:
+    """The environment of a server with approvals on: policy file in `folder`, the store at
+    `store` (default `folder/store/grants.db`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    policy = folder / "approvals.json"
+    policy.write_text(json.dumps(APPROVAL_POLICY))
+    if store is None:
+        (folder / "store").mkdir(exist_ok=True)
+        store = str(folder / "store" / "grants.db")
+    return {"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
+            "VLLM_ALLOWED_TOOLS_GRANT_STORE": store,
+            "VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT": str(STORE_TIMEOUT_S)}
+
+
+def _approval_tools(api: str) -> list[dict]:
+    pick = "responses_tool" if api == "responses" else "chat_tool"
+    return [getattr(POOL_BY_NAME[GATED_TOOL], pick)(), getattr(POOL_BY_NAME[FREE_TOOL], pick)()]
+
+
+def gated_body(session: str, *history: dict, stream: bool = False) -> dict:
+    """A Responses turn whose only allowed tool is the gated one (required: it will call it)."""
+    return {"model": "tiny", "input": list(history) or "Send it.", "tools": _approval_tools("responses"),
+            "tool_choice": responses_selection("required", [GATED_TOOL]),
+            "parallel_tool_calls": False, "max_output_tokens": 60, "temperature": 1.0,
+            "prompt_cache_key": session, "stream": stream}
+
+
+def free_body(api: str, stream: bool = False) -> dict:
+    """A turn with the gated tool in the catalog but only the free one allowed."""
+    body = base_body(api, 60)
+    body.update(tools=_approval_tools(api), parallel_tool_calls=False, stream=stream,
+                tool_choice=(responses_selection if api == "responses" else chat_selection)(
+                    "required", [FREE_TOOL]))
+    return body
+
+
+def accept_input(elicitation: dict, response_id: str, scope: str = "session") -> list[dict]:
+    return [{"role": "user", "content": "Send it."}, elicitation,
+            {"id": response_id, "type": "elicitation_response", "elicitation_id": elicitation["id"],
+             "action": "accept", "scope": scope}]
+
+
+@dataclass
+class Answer:
+    status: int | None
+    items: list[dict] = field(default_factory=list)      # Responses output items (final)
+    events: list[dict] = field(default_factory=list)     # stream events
+    error: dict | None = None                            # error body, or response.failed's error
+    leaked: int = 0                                      # gated calls the client was shown
+    transport_error: str | None = None
+
+
+def post_approval(client: httpx.Client, base_url: str, api: str, body: dict) -> Answer:
+    """Send one request; collect items, the error and every gated call shown to the client (an
+    output item, a stream's added/done item, or a call in the final object)."""
+    url = base_url + PATHS[api]
+    try:
+        if not body.get("stream"):
+            response = client.post(url, json=body)
+            payload = _payload(response.content)
+            answer = Answer(response.status_code)
+            if response.status_code != 200:
+                answer.error = payload.get("error") if isinstance(payload, dict) else {"raw": payload}
+                return answer
+            if api == "chat":
+                message = ((payload.get("choices") or [{}])[0].get("message") or {})
+                calls = [c.get("function", {}).get("name") for c in message.get("tool_calls") or []]
+                answer.leaked = calls.count(GATED_TOOL)
+                return answer
+            answer.items = list(payload.get("output") or [])
+        else:
+            with client.stream("POST", url, json=body) as response:
+                answer = Answer(response.status_code)
+                if response.status_code != 200:
+                    payload = _payload(response.read())
+                    answer.error = payload.get("error") if isinstance(payload, dict) else \
+                        {"raw": payload}
+                    return answer
+                for line in response.iter_lines():
+                    if line.startswith("data: ") and line[6:] != "[DONE]":
+                        answer.events.append(json.loads(line[6:]))
+            shown = []
+            for event in answer.events:
+                if api == "chat":
+                    for choice in event.get("choices") or []:
+                        shown += [(c.get("function") or {}).get("name")
+                                  for c in (choice.get("delta") or {}).get("tool_calls") or []]
+                    continue
+                if isinstance(event.get("item"), dict):
+                    shown.append(event["item"])
+                if isinstance(event.get("response"), dict):
+                    if event["type"] == "response.failed":
+                        answer.error = event["response"].get("error")
+                    if event["type"] in ("response.completed", "response.incomplete",
+                                         "response.failed"):
+                        answer.items = list(event["response"].get("output") or [])
+            if api == "chat":
+                answer.leaked = shown.count(GATED_TOOL)
+                return answer
+            answer.leaked = sum(1 for item in shown if item.get("type") == "function_call"
+                                and item.get("name") == GATED_TOOL)
+    except httpx.HTTPError as exc:
+        return Answer(None, transport_error=f"{type(exc).__name__}: {exc}")
+    answer.leaked += sum(1 for item in answer.items if item.get("type") == "function_call"
+                         and item.get("name") == GATED_TOOL)
+    return answer
+
+
+def _store_error(error: Any) -> bool:
+    """The error the client must get while the store is down: code, and a message that says what
+    happened and what to do."""
+    return isinstance(error, dict) and error.get("code") == "grant_store_unavailable" \
+        and "grant store" in str(error.get("message")) and "Retry" in str(error.get("message"))
+
+
+def _ask(client: httpx.Client, base_url: str, session: str) -> Answer:
+    return post_approval(client, base_url, "responses", gated_body(session))
+
+
+def _elicitation(answer: Answer) -> dict | None:
+    found = [item for item in answer.items if item.get("type") == "elicitation"]
+    return found[0] if answer.status == 200 and len(found) == 1 else None
+
+
+@contextlib.contextmanager
+def sqlite_folder_gone(db: Path):
+    """The store's folder moved away (an unmounted volume), then put back."""
+    folder = db.parent
+    away = folder.with_name(folder.name + ".away")
+    folder.rename(away)
+    try:
+        yield
+    finally:
+        away.rename(folder)
+
+
+_HOLD_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE grants SET revoked_reason = revoked_reason")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+"""
+
+
+@contextlib.contextmanager
+def sqlite_locked(db: Path):
+    """Another process holds the store's write lock (longer than the server's busy timeout)."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        if holder.stdout.readline().strip() != "locked":
+            raise RuntimeError("the lock holder did not take the lock")
+        yield
+    finally:
+        holder.communicate("\n", timeout=60)
+
+
+@contextlib.contextmanager
+def postgres_stopped(pg: Any):
+    """The PostgreSQL server stopped (clients disconnected), then started again."""
+    pg.stop()
+    try:
+        yield
+    finally:
+        pg.restart()
+
+
+def run_store_outage(base_url: str, fault: Callable[[], Any], label: str, rounds: int,
+                     figures: Figures | None = None) -> Figures:
+    """One outage (`fault()` is a context manager: the store is down inside it). Each round
+    sends, during the outage: a gated turn unary and streamed, the answer (accept) to an
+    elicitation asked before the outage, and three turns that cannot call the gated tool (Responses
+    unary and streamed, Chat). Then checks recovery."""
+    figures = figures or Figures()
+    c = figures.counts
+    tag = f"{label}-{uuid.uuid4().hex[:8]}"
+    with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+        before = _elicitation(_ask(client, base_url, f"{tag}-pending"))
+        if before is None:
+            figures.problems.append(f"{label}: the store did not work before the fault")
+            return figures
+        answer_body = gated_body(f"{tag}-pending", *accept_input(before, f"er_{tag}"))
+
+        def record(kind: str, answer: Answer) -> None:
+            c[f"{label}:tried"] += 1
+            c["outage_tried"] += 1
+            status = answer.status
+            bucket = "no_answer" if status is None else f"{status // 100}xx"
+            c[f"outage_{bucket}"] += 1
+            c["gated_leaked"] += answer.leaked
+            store_refusal = (status == 503 and _store_error(answer.error)) or (
+                status == 200 and kind == "gated_stream" and _store_error(answer.error))
+            if store_refusal:
+                c["outage_refused_store_down"] += 1
+                c[f"{label}:refused"] += 1
+            elif status is not None and status >= 500:
+                c["outage_5xx_other"] += 1
+            if kind.startswith("free"):
+                ok = status == 200 and answer.error is None
+                c["outage_free_ok"] += ok
+                if not ok:
+                    figures.problems.append(f"{label}: {kind} failed: {status} {answer.error} "
+                                            f"{answer.transport_error or ''}")
+            elif kind.startswith("gated") and status == 200 and answer.error is None and \
+                    not answer.leaked and not any(i.get("type") in ("function_call", "elicitation")
+                                                  for i in answer.items):
+                c["outage_gated_without_call"] += 1   # the model made no call: nothing to decide
+            elif not store_refusal:
+                figures.problems.append(f"{label}: {kind} not refused as store-down: {status} "
+                                        f"{answer.error} {[i.get('type') for i in answer.items]} "
+                                        f"{answer.transport_error or ''}")
+            if answer.leaked:
+                figures.problems.append(f"{label}: {kind} leaked {answer.leaked} gated call(s)")
+
+        with fault():
+            for round_ in range(rounds):
+                record("gated_unary", _ask(client, base_url, f"{tag}-u{round_}"))
+                record("gated_stream", post_approval(client, base_url, "responses", gated_body(
+                    f"{tag}-s{round_}", stream=True)))
+                record("answer", post_approval(client, base_url, "responses", answer_body))
+                record("free_responses", post_approval(client, base_url, "responses",
+                                                       free_body("responses")))
+                record("free_responses_stream", post_approval(
+                    client, base_url, "responses", free_body("responses", stream=True)))
+                record("free_chat", post_approval(client, base_url, "chat", free_body("chat")))
+            healthy = httpx.get(base_url.removesuffix("/v1") + "/health", timeout=30)
+            if healthy.status_code != 200:
+                figures.problems.append(f"{label}: /health {healthy.status_code} during the outage")
+        # recovered: asking works again, and the answer refused during the outage now releases
+        # exactly the call asked about before it
+        after = _elicitation(_ask(client, base_url, f"{tag}-after"))
+        released = post_approval(client, base_url, "responses", answer_body)
+        calls = [(i.get("type"), i.get("call_id")) for i in released.items]
+        recovered = after is not None and released.status == 200 and \
+            calls == [("function_call", before["call_id"])]
+        c["outage_recovered"] += recovered
+        c["outages"] += 1
+        if not recovered:
+            figures.problems.append(f"{label}: no recovery: ask {after is not None}, answer "
+                                    f"{released.status} {calls} {released.error}")
+    return figures
+
+
+# ------------------------------------------------------------------------------- SIGKILL
+
+def _children(pid: int) -> list[int]:
+    try:
+        tasks = Path(f"/proc/{pid}/task").iterdir()
+        return [int(child) for task in tasks
+                for child in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def kill_server_hard(cli_pid: int) -> None:
+    """SIGKILL the server's process group (API server, engine core, workers: all at once), then
+    the `serve-tiny` process that started it: no shutdown code runs anywhere."""
+    own = os.getpgid(0)
+    for child in _children(cli_pid):
+        with contextlib.suppress(ProcessLookupError):
+            group = os.getpgid(child)
+            if group != own:
+                os.killpg(group, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(cli_pid, signal.SIGKILL)
+
+
+def store_check(db: Path) -> tuple[bool, dict[str, str]]:
+    """(integrity and foreign keys ok, origin elicitation id -> grant id) of a SQLite store,
+    read with a plain sqlite3 connection as any tool would."""
+    import sqlite3
+    conn = sqlite3.connect(db)
+    try:
+        ok = conn.execute("PRAGMA integrity_check").fetchone() == ("ok",) and \
+            conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        grants = dict(conn.execute("SELECT origin_elicitation_id, id FROM grants "
+                                   "WHERE revoked_at IS NULL"))
+        return ok, grants
+    finally:
+        conn.close()
+
+
+def _traffic_then_kill(base_url: str, pid: int, cycle: int, kill_after: int, workers: int,
+                       figures: Figures) -> list[tuple[str, str, str]]:
+    """Approval flows from `workers` threads until `kill_after` grants were acknowledged and an
+    answer is in flight, then SIGKILL; returns the acknowledged (elicitation id, session, call id)."""
+    import threading
+    c = figures.counts
+    stop = threading.Event()
+    lock = threading.Lock()
+    in_flight = [0]
+    acknowledged: list[tuple[str, str, str]] = []
+
+    def flow(worker: int) -> None:
+        with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                session = f"kill-{cycle}-{worker}-{n}-{uuid.uuid4().hex[:6]}"
+                asked = _ask(client, base_url, session)
+                with lock:
+                    c["kill_requests"] += 1
+                item = _elicitation(asked)
+                if item is None:
+                    if not stop.is_set():
+                        figures.problems.append(f"kill: ask failed before the kill: "
+                                                f"{asked.status} {asked.error}")
+                    return
+                with lock:
+                    in_flight[0] += 1
+                answer = post_approval(client, base_url, "responses", gated_body(
+                    session, *accept_input(item, f"er_{session}")))
+                with lock:
+                    in_flight[0] -= 1
+                    c["kill_requests"] += 1
+                    c["kill_answers_sent"] += 1
+                calls = [(i.get("type"), i.get("call_id")) for i in answer.items]
+                if answer.status == 200 and calls == [("function_call", item["call_id"])]:
+                    with lock:
+                        acknowledged.append((item["id"], session, item["call_id"]))
+                elif answer.status is None:
+                    with lock:
+                        c["kill_answers_cut"] += 1   # in flight at the kill: the client was not told
+                    return
+                else:
+                    figures.problems.append(f"kill: accept got {answer.status} {answer.error}")
+                    return
+
+    threads = [threading.Thread(target=flow, args=(w,), daemon=True) for w in range(workers)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and len(acknowledged) < kill_after \
+            and any(t.is_alive() for t in threads):
+        time.sleep(0.02)
+    while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+        with lock:
+            if in_flight[0]:   # an answer (a grant write) is in the server right now
+                break
+        time.sleep(0.001)
+    with lock:
+        c["kill_answers_in_flight_at_kill"] += in_flight[0]
+    kill_server_hard(pid)
+    stop.set()
+    for thread in threads:
+        thread.join(REQUEST_TIMEOUT)
+    with lock:   # every answer the client received before the kill
+        return list(acknowledged)
+
+
+def run_kill(start: Callable[[], tuple[str, int, Callable[[], None]]], db: Path, *,
+             kill_after: int, workers: int = 4, cycles: int = 1,
+             figures: Figures | None = None) -> Figures:
+    """`cycles` times: approval flows (ask -> elicitation -> accept `session` -> released call)
+    from `workers` threads, each in its own session; once `kill_after` grants were acknowledged
+    and an answer is in flight, SIGKILL the server; restart it on the same store; check every
+    acknowledged grant is there and releases the next call of its session without asking.
+    `start()` returns (base_url, serve-tiny pid, cleanup); cleanup must be idempotent."""
+    figures = figures or Figures()
+    c = figures.counts
+    acknowledged: list[tuple[str, str, str]] = []     # (elicitation id, session, call id)
+    grants: dict[str, str] = {}
+    base_url, pid, cleanup = start()
+    started = time.monotonic()
+    try:
+        for cycle in range(cycles):
+            told = _traffic_then_kill(base_url, pid, cycle, kill_after, workers, figures)
+            cleanup()
+            c["kills"] += 1
+            acknowledged += told
+            _log(f"kill {cycle + 1}: {len(told)} grants acknowledged; restarting on the same store")
+            base_url, pid, cleanup = start()
+            ok, grants = store_check(db)
+            c["store_integrity_failures"] += not ok
+            if not ok:
+                figures.problems.append("kill: the store failed its integrity/foreign-key check")
+        found = [entry for entry in acknowledged if entry[0] in grants]
+        c["grants_acknowledged"] = len(acknowledged)
+        c["grants_found_after_restart"] = len(found)
+        c["grants_lost"] = len(acknowledged) - len(found)
+        c["grants_found_not_acknowledged"] = len(grants) - len(found)
+        if c["grants_lost"]:
+            figures.problems.append(f"kill: {c['grants_lost']} acknowledged grants lost")
+        # usable: the next call in each acknowledged session is released by its grant
+        with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
+            for eid, session, _ in acknowledged:
+                answer = _ask(client, base_url, session)
+                c["kill_requests"] += 1
+                kinds = [i.get("type") for i in answer.items]
+                usable = answer.status == 200 and kinds == ["function_call"] and \
+                    answer.items[0].get("name") == GATED_TOOL
+                c["grants_usable_after_restart"] += usable
+                if not usable:
+                    figures.problems.append(f"kill: grant of {eid} not usable: {answer.status} "
+                                            f"{kinds} {answer.error}")
+    finally:
+        cleanup()
+    figures.extra["kill_seconds"] = round(time.monotonic() - started, 1)
+    return figures
+
+
 # ========================================================================================== CLI
 
-def _start_server(flavour: str, log_dir: Path) -> tuple[subprocess.Popen, str]:
+def _start_server(flavour: str, log_dir: Path, env: dict[str, str] | None = None,
+                  tag: str = "") -> tuple[subprocess.Popen, str]:
     exe = shutil.which("vllm-allowed-tools", path=str(Path(sys.executable).parent)) \
         or shutil.which("vllm-allowed-tools")
     command = [exe] if exe else [sys.executable, "-m", "vllm_allowed_tools.cli"]
-    log = log_dir / f"vllm-reliability-{flavour}.log"
+    log = log_dir / f"vllm-reliability-{flavour}{tag}.log"
     command += ["serve-tiny", "--flavour", flavour, "--log-file", str(log)]
     _log(f"starting: {' '.join(command)}")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 900
     line = ""
     while time.monotonic() < deadline:
