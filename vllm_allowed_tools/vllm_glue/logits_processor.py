@@ -93,7 +93,8 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
                 if self._batch is not None:
                     self._batch.remove(row)
             for row, params, _prompt_ids, output_ids in batch_update.added:
-                grammar = read_extra_args(params.extra_args) if params is not None else None
+                grammar = (read_extra_args(params.extra_args, verify=False)   # checked at admission
+                           if params is not None else None)
                 if grammar is None and self._batch is None:
                     continue
                 stops = sorted(getattr(params, "all_stop_token_ids", None) or ())
@@ -111,7 +112,7 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
 
     # ------------------------------------------------------------------ V2 interface
     def add_request(self, req_idx: int, sampling_params) -> bool:
-        if read_extra_args(sampling_params.extra_args) is not None:
+        if read_extra_args(sampling_params.extra_args, verify=False) is not None:
             raise ValueError(V2_REFUSAL)
         return False
 

@@ -1,0 +1,355 @@
+"""The constraint stage measured: grammar compile time, per-token mask cost, decode throughput.
+
+    python benchmarks/constraint_stage.py [--part compile|mask|decode|all] [--rounds 3]
+
+* compile: building and compiling the allowed-subset structural tag (hermes) for catalogs of 8, 32
+  and 128 tools (every tool allowed: the largest grammar a turn of that catalog needs), cold and
+  through our caches (built-tag cache + compiled-grammar cache), with the tiny model's tokenizer
+  (2K vocabulary) and a synthetic 150K-token vocabulary;
+* mask: per generated token, advancing the matcher and filling + applying the bitmask for one row,
+  over a whole tool-call answer, at both vocabulary sizes; xgrammar's published figure for JSON
+  grammars (tens of microseconds per token at a 128K vocabulary) is the anchor;
+* decode: generated tokens per second with the offline ``LLM`` on the tiny tool-happy model:
+  unconstrained vs vLLM's native structural tag vs our logits-processor stage, auto and required,
+  batch 1 and 16, interleaved over rounds so machine noise hits every variant alike (every request
+  makes exactly ``--tokens`` tokens: ``ignore_eos``).
+
+Nothing here is asserted: the README records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import string
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+from vllm_allowed_tools.constraint import (  # noqa: E402
+    CompiledGrammars,
+    MaskedBatch,
+    constraint_extra_args,
+    read_extra_args,
+)
+from vllm_allowed_tools.grammar import (  # noqa: E402
+    AllowedFunction,
+    GrammarKey,
+    allowed_subset_tag,
+    build_structural_tag,
+    built,
+    clear_tag_cache,
+)
+
+
+def rich_functions(count: int, seed: int = 0) -> list[AllowedFunction]:
+    """Agent-like tools: strings, enums, integers with bounds, arrays, a nested object."""
+    rng = random.Random(seed)
+    functions = []
+    for index in range(count):
+        properties: dict[str, Any] = {
+            "path": {"type": "string", "description": "a file or URL"},
+            "mode": {"type": "string", "enum": rng.sample(["fast", "safe", "dry", "full", "quick"], 3)},
+            "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
+            "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 8},
+            "options": {"type": "object", "properties": {
+                "recursive": {"type": "boolean"}, "depth": {"type": "integer", "minimum": 0}},
+                "required": ["recursive"], "additionalProperties": False},
+        }
+        keep = rng.sample(sorted(properties), rng.randint(2, 5))
+        functions.append(AllowedFunction(
+            name=f"tool_{index:03d}_{rng.choice(['read', 'write', 'search', 'list', 'run'])}",
+            parameters={"type": "object", "properties": {k: properties[k] for k in keep},
+                        "required": keep[:2], "additionalProperties": False},
+            strict=True))
+    return functions
+
+
+# ------------------------------------------------------------------------------------------ vocabularies
+def tiny_tokenizer_info():
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    tokenizer = AutoTokenizer.from_pretrained(str(ensure_model("random")))
+    return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)), tokenizer
+
+
+def synthetic_tokenizer_info(size: int = 150_000, seed: int = 0):
+    """A byte-level-like vocabulary of ``size`` tokens built from code: every printable character,
+    common JSON/markup pieces, and random words and fragments up to 12 characters (no hub)."""
+    import xgrammar as xgr
+    rng = random.Random(seed)
+    alphabet = string.ascii_letters + string.digits
+    vocab: list[str] = []
+    seen: set[str] = set()
+
+    def add(token: str) -> None:
+        if token not in seen:
+            seen.add(token)
+            vocab.append(token)
+
+    for char in string.printable:
+        add(char)
+    for piece in ['{"', '"}', '":', '", "', '<tool_call>', '</tool_call>', '"name', '"arguments',
+                  ' {"', '}}', '\n', '  ', 'true', 'false', 'null']:
+        add(piece)
+    while len(vocab) < size - 1:
+        length = rng.choice([2, 3, 3, 4, 4, 5, 6, 7, 8, 10, 12])
+        word = "".join(rng.choice(alphabet) for _ in range(length))
+        add(rng.choice(["", " ", "_", '"', "."]) + word)
+    vocab.append("<|endoftext|>")
+    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=len(vocab),
+                             stop_token_ids=[len(vocab) - 1])
+    index = {token: i for i, token in enumerate(vocab)}
+    return info, index
+
+
+def greedy_encode(text: str, index: dict[str, int], longest: int = 13) -> list[int]:
+    ids, position = [], 0
+    while position < len(text):
+        for length in range(min(longest, len(text) - position), 0, -1):
+            token = index.get(text[position:position + length])
+            if token is not None:
+                ids.append(token)
+                position += length
+                break
+        else:
+            raise ValueError(f"no token for {text[position]!r}")
+    return ids
+
+
+def _timed(function, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+# ------------------------------------------------------------------------------------------ compile
+def bench_compile(rounds: int) -> list[dict[str, Any]]:
+    tiny, _ = tiny_tokenizer_info()
+    large, _ = synthetic_tokenizer_info()
+    rows = []
+    for vocab_name, info in (("2K (tiny)", tiny), ("150K (synthetic)", large)):
+        for count in (8, 32, 128):
+            functions = rich_functions(count)
+            key = GrammarKey("hermes", f"catalog-{count}", f"all-{count}", "auto", True)
+
+            def cold():
+                tag = built(build_structural_tag("hermes", functions, "auto"))
+                CompiledGrammars(info, capacity=4).get(read_extra_args(constraint_extra_args(tag)))
+
+            clear_tag_cache()
+            grammars = CompiledGrammars(info)
+            warm_tag = allowed_subset_tag(key, lambda: functions)
+            grammars.get(read_extra_args(constraint_extra_args(warm_tag)))
+
+            def cached():   # what a repeated turn costs: frontend tag cache + engine grammar cache
+                tag = allowed_subset_tag(key, lambda: functions)
+                grammars.get(read_extra_args(constraint_extra_args(tag), verify=False))
+
+            def admission():   # the once-per-request digest check (validate_params)
+                read_extra_args(constraint_extra_args(warm_tag))
+
+            cold_s = _timed(cold, max(1, rounds))
+            cached_s = _timed(cached, 200)
+            rows.append({"vocab": vocab_name, "tools": count, "cold_ms": cold_s * 1e3,
+                         "cached_us": cached_s * 1e6, "cold/cached": cold_s / cached_s,
+                         "admission_digest_us": _timed(admission, 200) * 1e6,
+                         "tag_kb": len(warm_tag.json) / 1024})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ mask
+def _answer(functions: list[AllowedFunction], rng: random.Random) -> str:
+    function = functions[0]
+    arguments: dict[str, Any] = {}
+    for name, schema in function.parameters["properties"].items():
+        arguments[name] = {"string": "src/main.py", "integer": 7, "array": ["a", "b"],
+                           "object": {"recursive": True}}[schema["type"]]
+        if "enum" in schema:
+            arguments[name] = schema["enum"][0]
+    return ('I will look that up.\n<tool_call>\n{"name": "' + function.name + '", "arguments": '
+            + json.dumps(arguments) + '}\n</tool_call>')
+
+
+def bench_mask(rounds: int) -> list[dict[str, Any]]:
+    import torch
+    tiny, tokenizer = tiny_tokenizer_info()
+    large, index = synthetic_tokenizer_info()
+    functions = rich_functions(32)
+    text = _answer(functions, random.Random(0))
+    rows = []
+    for vocab_name, info, encode in (
+            ("2K (tiny)", tiny, lambda t: tokenizer.encode(t, add_special_tokens=False)),
+            ("150K (synthetic)", large, lambda t: greedy_encode(t, index))):
+        tokens = encode(text)
+        grammars = CompiledGrammars(info)
+        for mode in ("auto", "required"):
+            answer = tokens if mode == "auto" else encode(text.split("\n", 1)[1])
+            tag = built(build_structural_tag("hermes", functions, mode))
+            grammar = read_extra_args(constraint_extra_args(tag))
+            per_token = []
+            for _ in range(rounds * 5):
+                output: list[int] = []
+                batch = MaskedBatch(grammars, info.vocab_size, max_rows=1)
+                batch.add(0, grammar, output, list(info.stop_token_ids))
+                logits = torch.zeros(1, info.vocab_size)
+                for token in answer:
+                    start = time.perf_counter()
+                    batch.sync()
+                    batch.apply(logits)
+                    per_token.append(time.perf_counter() - start)
+                    output.append(token)
+                batch.sync()
+                assert not batch.rows[0].failed, "the benchmark answer must be admissible"
+            per_token.sort()
+            rows.append({"vocab": vocab_name, "mode": mode, "tokens": len(answer),
+                         "per_token_us": statistics.median(per_token) * 1e6,
+                         "p90_us": per_token[int(len(per_token) * 0.9)] * 1e6,
+                         **_apply_kernels(grammars, grammar, info.vocab_size)})
+    return rows
+
+
+def _apply_kernels(grammars: CompiledGrammars, grammar, vocab: int) -> dict[str, float]:
+    """The bitmask application alone, CPU: xgrammar's kernel vs ours, interleaved."""
+    import torch
+    import xgrammar as xgr
+    batch = MaskedBatch(grammars, vocab, max_rows=1)
+    batch.add(0, grammar, [], [])
+    batch.rows[0].matcher.fill_next_token_bitmask(batch._bitmask, 0)
+    logits = torch.randn(1, vocab)
+    theirs, ours = [], []
+    for _ in range(200):
+        start = time.perf_counter()
+        xgr.apply_token_bitmask_inplace(logits, batch._bitmask, vocab_size=vocab, indices=[0])
+        theirs.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        batch._apply_on_cpu(logits, [0], vocab)
+        ours.append(time.perf_counter() - start)
+    return {"apply_xgrammar_cpu_us": statistics.median(theirs) * 1e6,
+            "apply_ours_cpu_us": statistics.median(ours) * 1e6}
+
+
+# ------------------------------------------------------------------------------------------ decode
+def bench_decode(rounds: int, tokens: int) -> list[dict[str, Any]]:
+    from transformers import AutoTokenizer
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from vllm_allowed_tools.serve import MAX_MODEL_LEN, server_environment, template_for_parser
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.testing.tool_pool import sample_catalog
+
+    os.environ.update(server_environment())      # vLLM's CPU build settings, as serve-tiny uses
+    model = ensure_model("tool-happy")
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    template = template_for_parser("allowed_hermes").read_text()
+    rng = random.Random(0)
+    llm = LLM(model=str(model), dtype="float32", max_model_len=MAX_MODEL_LEN, enforce_eager=True,
+              block_size=32, max_num_seqs=32, enable_chunked_prefill=False,
+              max_num_batched_tokens=MAX_MODEL_LEN, enable_prefix_caching=False,
+              structured_outputs_config={"backend": "xgrammar"})
+    tags: dict[tuple[int, str], tuple[str, Any]] = {}
+    subsets: dict[int, set[str]] = {}
+    for index in range(16):
+        catalog = sample_catalog(rng, 8)
+        allowed = [tool.name for tool in rng.sample(catalog, 2)]
+        for mode in ("auto", "required"):
+            prompt = tokenizer.apply_chat_template(
+                [{"role": "user", "content": f"Go ahead ({index})."}],
+                tools=[tool.chat_tool() for tool in catalog], tokenize=False, add_generation_prompt=True,
+                chat_template=template,
+                allowed_tools_policy={"mode": mode, "names": sorted(allowed)})
+            functions = [AllowedFunction(t.name, t.parameters, True) for t in catalog if t.name in allowed]
+            tags[(index, mode)] = (prompt, built(build_structural_tag("hermes", functions, mode,
+                                                                      max_whitespace=1)))
+            subsets[index] = set(allowed)
+    variants = {
+        "unconstrained": lambda tag: {},
+        "native": lambda tag: {"structured_outputs": StructuredOutputsParams(structural_tag=tag.json)},
+        "logits-processor": lambda tag: {"extra_args": constraint_extra_args(tag)},
+    }
+    timings: dict[tuple[str, str, int], list[float]] = {}
+    compliance: dict[tuple[str, str, int], list[bool]] = {}
+    for _ in range(rounds + 1):      # the first round warms up (compiles, caches) and is dropped
+        for mode in ("auto", "required"):
+            for batch in (1, 16):
+                for name, extra in variants.items():
+                    chosen = [tags[(i, mode)] for i in range(batch)]
+                    params = [SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0,
+                                             seed=i, **extra(tag)) for i, (_, tag) in enumerate(chosen)]
+                    start = time.perf_counter()
+                    outputs = llm.generate([prompt for prompt, _ in chosen], params, use_tqdm=False)
+                    elapsed = time.perf_counter() - start
+                    made = sum(len(output.outputs[0].token_ids) for output in outputs)
+                    timings.setdefault((mode, name, batch), []).append(made / elapsed)
+                    obeyed = [_obeys(_until_stop(tokenizer, output.outputs[0].token_ids),
+                                     subsets[i], mode) for i, output in enumerate(outputs)]
+                    compliance.setdefault((mode, name, batch), []).extend(obeyed)
+    rows = []
+    for (mode, name, batch), samples in sorted(timings.items()):
+        steady = statistics.median(samples[1:])
+        base = statistics.median(timings[(mode, "unconstrained", batch)][1:])
+        obeyed = compliance[(mode, name, batch)]
+        rows.append({"mode": mode, "batch": batch, "variant": name, "tokens_per_s": steady,
+                     "ratio_to_unconstrained": steady / base,
+                     "answers_obeying_policy": sum(obeyed) / len(obeyed)})
+    return rows
+
+
+def _until_stop(tokenizer, token_ids) -> str:
+    """The answer as a client gets it: up to the first stop token (``ignore_eos`` only keeps the
+    request running so every variant makes the same number of tokens)."""
+    ids = list(token_ids)
+    if tokenizer.eos_token_id in ids:
+        ids = ids[:ids.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(ids)
+
+
+def _obeys(text: str, allowed: set[str], mode: str) -> bool:
+    """Every complete hermes call names an allowed tool; required mode starts with a call."""
+    import re
+    names = re.findall(r'<tool_call>\s*\{"name": "([^"]+)"', text)
+    if mode == "required" and not text.lstrip().startswith("<tool_call>"):
+        return False
+    return all(name in allowed for name in names)
+
+
+def _print(title: str, rows: list[dict[str, Any]]) -> None:
+    print(f"\n## {title}")
+    if not rows:
+        return
+    columns = list(rows[0])
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(f"{row[c]:.3g}" if isinstance(row[c], float) else str(row[c])
+                                for c in columns) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--part", choices=["compile", "mask", "decode", "all"], default="all")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.part in ("compile", "all"):
+        _print("structural-tag compile (hermes, every tool allowed)", bench_compile(args.rounds))
+    if args.part in ("mask", "all"):
+        _print("per-token mask cost, one row (matcher advance + bitmask fill + apply)",
+               bench_mask(args.rounds))
+    if args.part in ("decode", "all"):
+        _print(f"decode throughput, tiny tool-happy model, {args.tokens} tokens per request",
+               bench_decode(args.rounds, args.tokens))
+
+
+if __name__ == "__main__":
+    main()
