@@ -3,6 +3,7 @@
     python benchmarks/reliability.py [--fuzz-examples 2000] [--load-requests 64] [--load-rounds 10]
                                      [--disconnects 16] [--json OUT]
     python benchmarks/reliability.py --base-url http://127.0.0.1:8000/v1 --server-pid PID ...
+    python benchmarks/reliability.py --skip fuzz --skip load --skip faults   # grant-store faults only
 
 Without ``--base-url`` it starts its own server (``vllm-allowed-tools serve-tiny``, random tiny
 model, the plugin on) and stops it at the end. ``--server-pid`` (the PID of the ``serve-tiny`` or
@@ -11,7 +12,8 @@ goes to stderr; stdout gets a markdown figures table (and ``--json`` the raw fig
 every figure is clean, 1 when one is not (5xx, a leaked call, a hang, a 4xx without a field, an
 unexpected outcome, a stream not aborted), 2 when the run could not happen.
 
-Three parts, the same code the CI tests run (``tests/test_reliability_e2e.py``) at a smaller size:
+Five parts, the same code the CI tests run (``tests/test_reliability_e2e.py``,
+``tests/test_grant_store_faults_e2e.py``) at a smaller size:
 
 **Fuzz.** Hypothesis generates request bodies for ``/v1/chat/completions`` and ``/v1/responses``,
 unary and streaming: catalogs drawn from the tiny models' tool pool (enum-only, strict), with
@@ -53,6 +55,17 @@ sending a unary request, and in the middle of sending the body. Each engine requ
 finishes; vLLM 0.32 counts no aborts), ``vllm:num_requests_running`` back to 0, and
 ``vllm:generation_tokens_total`` short of the budget (the figures give how far). The server must still
 answer afterwards.
+
+**Grant store unavailable** (``store``; servers of its own, approvals on): the SQLite store's folder
+moved away, its write lock held by another process, and (with PostgreSQL server binaries on PATH)
+the PostgreSQL server stopped, each while the server runs. Gated turns and elicitation answers must
+get 503 ``grant_store_unavailable`` (a started stream: one ``response.failed`` with that code) and
+never the gated call; turns that cannot call a gated tool must keep working; the server recovers
+when the store is back. See :func:`run_store_outage`.
+
+**Server SIGKILLed** (``kill``): approval flows from 4 threads; the server's process group is
+SIGKILLed while an answer is in flight, and restarted on the same SQLite store: every grant the
+client was told about must be there and usable, the store intact. See :func:`run_kill`.
 """
 
 from __future__ import annotations
@@ -1183,7 +1196,7 @@ def gated_body(session: str, *history: dict, stream: bool = False) -> dict:
     """A Responses turn whose only allowed tool is the gated one (required: it will call it)."""
     return {"model": "tiny", "input": list(history) or "Send it.", "tools": _approval_tools("responses"),
             "tool_choice": responses_selection("required", [GATED_TOOL]),
-            "parallel_tool_calls": False, "max_output_tokens": 60, "temperature": 1.0,
+            "parallel_tool_calls": False, "max_output_tokens": FUZZ_MAX_TOKENS, "temperature": 1.0,
             "prompt_cache_key": session, "stream": stream}
 
 
@@ -1284,6 +1297,26 @@ def _elicitation(answer: Answer) -> dict | None:
     return found[0] if answer.status == 200 and len(found) == 1 else None
 
 
+def _no_call(answer: Answer) -> bool:
+    """A 200 turn in which the random model made no call at all (cut off by max tokens: vLLM's
+    parser then returns the markup as text)."""
+    return answer.status == 200 and not any(
+        i.get("type") in ("function_call", "elicitation") for i in answer.items)
+
+
+def _ask_until_called(client: httpx.Client, base_url: str, session: str, tries: int = 5,
+                      sent: Counter | None = None) -> Answer:
+    """Ask until the model makes a call (the random model sometimes makes none); each request
+    sent is counted in ``sent["kill_requests"]`` when given."""
+    for _ in range(tries):
+        answer = _ask(client, base_url, session)
+        if sent is not None:
+            sent["kill_requests"] += 1
+        if not _no_call(answer):
+            return answer
+    return answer
+
+
 @contextlib.contextmanager
 def sqlite_folder_gone(db: Path):
     """The store's folder moved away (an unmounted volume), then put back."""
@@ -1340,7 +1373,7 @@ def run_store_outage(base_url: str, fault: Callable[[], Any], label: str, rounds
     c = figures.counts
     tag = f"{label}-{uuid.uuid4().hex[:8]}"
     with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
-        before = _elicitation(_ask(client, base_url, f"{tag}-pending"))
+        before = _elicitation(_ask_until_called(client, base_url, f"{tag}-pending"))
         if before is None:
             figures.problems.append(f"{label}: the store did not work before the fault")
             return figures
@@ -1393,7 +1426,7 @@ def run_store_outage(base_url: str, fault: Callable[[], Any], label: str, rounds
                 figures.problems.append(f"{label}: /health {healthy.status_code} during the outage")
         # recovered: asking works again, and the answer refused during the outage now releases
         # exactly the call asked about before it
-        after = _elicitation(_ask(client, base_url, f"{tag}-after"))
+        after = _elicitation(_ask_until_called(client, base_url, f"{tag}-after"))
         released = post_approval(client, base_url, "responses", answer_body)
         calls = [(i.get("type"), i.get("call_id")) for i in released.items]
         recovered = after is not None and released.status == 200 and \
@@ -1466,6 +1499,10 @@ def _traffic_then_kill(base_url: str, pid: int, cycle: int, kill_after: int, wor
                 with lock:
                     c["kill_requests"] += 1
                 item = _elicitation(asked)
+                if item is None and _no_call(asked):
+                    with lock:
+                        c["kill_asks_without_call"] += 1
+                    continue
                 if item is None:
                     if not stop.is_set():
                         figures.problems.append(f"kill: ask failed before the kill: "
@@ -1549,8 +1586,7 @@ def run_kill(start: Callable[[], tuple[str, int, Callable[[], None]]], db: Path,
         # usable: the next call in each acknowledged session is released by its grant
         with httpx.Client(timeout=REQUEST_TIMEOUT) as client:
             for eid, session, _ in acknowledged:
-                answer = _ask(client, base_url, session)
-                c["kill_requests"] += 1
+                answer = _ask_until_called(client, base_url, session, sent=c)
                 kinds = [i.get("type") for i in answer.items]
                 usable = answer.status == 200 and kinds == ["function_call"] and \
                     answer.items[0].get("name") == GATED_TOOL
@@ -1652,6 +1688,84 @@ def table(fuzz: Figures | None, load: Figures | None, faults: Figures | None) ->
     return "\n".join(rows)
 
 
+def approvals_table(outage: Figures | None, kill: Figures | None) -> str:
+    rows = [("| fault | requests tried | 4xx | 5xx | gated calls leaked while the store was down | "
+             "grants acknowledged | grants lost after kill | problems | details |"),
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    if outage:
+        c = outage.counts
+        kinds = [k.split(":")[0] for k in c if k.endswith(":tried")]
+        per = ", ".join(f"{k} {c[k + ':refused']}/{c[k + ':tried']}" for k in kinds)
+        rows.append(
+            f"| grant store unavailable ({', '.join(kinds)}) | {c['outage_tried']} | "
+            f"{c['outage_4xx']} | {c['outage_5xx']} | {c['gated_leaked']} | - | - | "
+            f"{len(outage.problems)} | refused as store-down (503 `grant_store_unavailable`, or "
+            f"`response.failed` with it in a started stream) {c['outage_refused_store_down']} "
+            f"({per}); other 5xx {c['outage_5xx_other']}; gated turns without any call "
+            f"{c['outage_gated_without_call']}; turns without a gated tool answered 200: "
+            f"{c['outage_free_ok']}; recovered after the outage: {c['outage_recovered']}/"
+            f"{c['outages']} |")
+    if kill:
+        c = kill.counts
+        rows.append(
+            f"| API server process group SIGKILLed x {c['kills']}, restarted on the same SQLite "
+            f"store | {c['kill_requests']} | - | - | - | {c['grants_acknowledged']} | "
+            f"{c['grants_lost']} | {len(kill.problems)} | found after restart "
+            f"{c['grants_found_after_restart']}, usable {c['grants_usable_after_restart']}; "
+            f"answers in flight at the kill {c['kill_answers_in_flight_at_kill']} (grants stored "
+            f"but never acknowledged: {c['grants_found_not_acknowledged']}); integrity/foreign-key "
+            f"check failures {c['store_integrity_failures']}; {kill.extra.get('kill_seconds')} s |")
+    return "\n".join(rows)
+
+
+def run_approval_faults(parts: list[str], rounds: int, kill_after: int, kill_cycles: int,
+                        flavour: str) -> tuple[Figures | None, Figures | None]:
+    """The grant-store parts, each on servers of its own (approvals on)."""
+    outage = kill = None
+    folder = Path(tempfile.mkdtemp(prefix="vat-reliability-approvals-"))
+    if "store" in parts:
+        env = approval_env(folder / "outage")
+        db = Path(env["VLLM_ALLOWED_TOOLS_GRANT_STORE"])
+        process, base_url = _start_server(flavour, folder, env, "-outage")
+        try:
+            _log(f"store outage: SQLite folder gone, SQLite locked ({rounds} rounds each) ...")
+            outage = run_store_outage(base_url, lambda: sqlite_folder_gone(db),
+                                      "sqlite_folder_gone", rounds)
+            run_store_outage(base_url, lambda: sqlite_locked(db), "sqlite_locked", rounds, outage)
+        finally:
+            _stop_server(process)
+        from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
+        try:
+            pg = ThrowawayPostgres.start()
+        except PostgresUnavailable as exc:
+            _log(f"store outage: PostgreSQL not measured: {exc}")
+        else:
+            try:
+                env = approval_env(folder / "pg", store=pg.dsn)
+                process, base_url = _start_server(flavour, folder, env, "-pg")
+                try:
+                    _log(f"store outage: PostgreSQL stopped ({rounds} rounds) ...")
+                    run_store_outage(base_url, lambda: postgres_stopped(pg), "postgres_stopped",
+                                     rounds, outage)
+                finally:
+                    _stop_server(process)
+            finally:
+                pg.close()
+        _log(json.dumps({"store_outage": outage.as_dict()}))
+    if "kill" in parts:
+        env = approval_env(folder / "kill")
+
+        def start() -> tuple[str, int, Callable[[], None]]:
+            process, base_url = _start_server(flavour, folder, env, "-kill")
+            return base_url, process.pid, lambda: _stop_server(process)
+
+        _log(f"kill: {kill_cycles} x SIGKILL after {kill_after} acknowledged grants ...")
+        kill = run_kill(start, Path(env["VLLM_ALLOWED_TOOLS_GRANT_STORE"]),
+                        kill_after=kill_after, workers=4, cycles=kill_cycles)
+        _log(json.dumps({"kill": kill.as_dict()}))
+    return outage, kill
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fuzz-examples", type=int, default=2000)
@@ -1664,13 +1778,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-pid", type=int, default=None, help="for RSS with --base-url")
     parser.add_argument("--flavour", default="random", choices=["random", "tool-happy"])
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
-    parser.add_argument("--skip", action="append", default=[], choices=["fuzz", "load", "faults"])
+    parser.add_argument("--outage-rounds", type=int, default=5,
+                        help="rounds of 6 requests during each grant-store outage")
+    parser.add_argument("--kill-after", type=int, default=20,
+                        help="acknowledged grants before each SIGKILL")
+    parser.add_argument("--kill-cycles", type=int, default=2)
+    parser.add_argument("--skip", action="append", default=[],
+                        choices=["fuzz", "load", "faults", "store", "kill"])
     args = parser.parse_args(argv)
+    approval_parts = [part for part in ("store", "kill") if part not in args.skip]
+    only_approvals = {"fuzz", "load", "faults"} <= set(args.skip)
 
     process = None
     try:
-        if args.base_url:
-            base_url, pid = args.base_url.rstrip("/"), args.server_pid
+        if args.base_url or only_approvals:
+            base_url, pid = (args.base_url or "").rstrip("/"), args.server_pid
         else:
             process, base_url = _start_server(args.flavour, Path(tempfile.gettempdir()))
             pid = process.pid
@@ -1694,8 +1816,21 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if process is not None:
             _stop_server(process)
-    print(table(fuzz, load, faults))
-    problems = [p for f in (fuzz, load, faults) if f for p in f.problems]
+    outage = kill = None
+    if approval_parts and args.base_url:
+        _log("grant-store faults skipped: they need servers of their own (no --base-url)")
+    elif approval_parts:
+        try:
+            outage, kill = run_approval_faults(approval_parts, args.outage_rounds,
+                                               args.kill_after, args.kill_cycles, args.flavour)
+        except (RuntimeError, OSError) as exc:
+            _log(f"error: {exc}")
+            return 2
+    if fuzz or load or faults:
+        print(table(fuzz, load, faults))
+    if outage or kill:
+        print(approvals_table(outage, kill))
+    problems = [p for f in (fuzz, load, faults, outage, kill) if f for p in f.problems]
     if load:
         problems += [f"RSS not flat: {why}" for why in rss_growth_problems(load)]
     for problem in problems[:50]:
@@ -1703,7 +1838,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({name: f.as_dict() | {"problem_list": f.problems}
                                          for name, f in (("fuzz", fuzz), ("load", load),
-                                                         ("faults", faults)) if f}, indent=2))
+                                                         ("faults", faults),
+                                                         ("store_outage", outage),
+                                                         ("kill", kill)) if f}, indent=2))
     return 1 if problems else 0
 
 
