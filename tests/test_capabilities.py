@@ -34,6 +34,34 @@ def test_last_backend_flag_wins():
         check_server_args(argv, environ={})
 
 
+LP = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor", "VLLM_TARGET_DEVICE": "cpu"}
+
+
+def test_logits_processor_stage_serves_other_backends():
+    """The switch is what makes a non-xgrammar backend usable: the grammar never reaches it."""
+    check_server_args(BASE + ["--structured-outputs-config.backend", "guidance"], environ=LP)
+
+
+def test_logits_processor_stage_refuses_speculative_decoding():
+    argv = BASE + ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
+    check_server_args(argv, environ={})      # the native path supports it
+    with pytest.raises(CapabilityError, match="speculative decoding") as error:
+        check_server_args(argv, environ=LP)
+    assert error.value.capability == "constraint_stage"
+
+
+def test_logits_processor_stage_needs_the_v1_runner_off_cpu():
+    gpu = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor"}
+    with pytest.raises(CapabilityError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        check_server_args(BASE, environ=gpu)
+    check_server_args(BASE, environ={**gpu, "VLLM_USE_V2_MODEL_RUNNER": "0"})
+
+
+def test_unknown_constraint_stage_is_refused():
+    with pytest.raises(CapabilityError, match="VLLM_ALLOWED_TOOLS_CONSTRAINT"):
+        check_server_args(BASE, environ={"VLLM_ALLOWED_TOOLS_CONSTRAINT": "both"})
+
+
 def test_base_parser_with_the_middleware_is_refused():
     with pytest.raises(CapabilityError, match="allowed_hermes"):
         check_server_args(["vllm", "serve", "m", "--tool-call-parser", "hermes"], environ={})

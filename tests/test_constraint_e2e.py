@@ -159,3 +159,39 @@ def test_client_cannot_plant_a_grammar(lp_happy_server):
         max_tokens=80, temperature=1.0, seed=3, extra_body={"vllm_xargs": constraint_extra_args(planted)})
     names = [c.function.name for c in reply.choices[0].message.tool_calls or []]
     assert names and all(name in allowed for name in names), names
+
+
+def test_offline_llm_is_constrained_through_extra_args():
+    """vLLM's offline ``LLM`` has no tool_choice handling of its own: the same grammar reaches our
+    logits processor (loaded from the entry point) through ``SamplingParams.extra_args``."""
+    import os
+
+    from vllm_allowed_tools.constraint import constraint_extra_args
+    from vllm_allowed_tools.grammar import allowed_tools_grammar
+    from vllm_allowed_tools.serve import MAX_MODEL_LEN, server_environment
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    os.environ.update(server_environment())
+    from vllm import LLM, SamplingParams
+    catalog, allowed = _catalog_and_subset(11)
+    body = {"tools": [tool.chat_tool() for tool in catalog],
+            "tool_choice": _chat_choice("required", allowed), "parallel_tool_calls": False}
+    tag = allowed_tools_grammar(body, "hermes", max_whitespace=1)
+    llm = LLM(model=str(ensure_model("random")), dtype="float32", max_model_len=4096,
+              enforce_eager=True, block_size=32, max_num_seqs=8, enable_chunked_prefill=False,
+              max_num_batched_tokens=4096)
+    try:
+        prompts = [f"Request {seed}:" for seed in range(6)]
+        constrained = llm.generate(prompts, [SamplingParams(max_tokens=120, temperature=1.0, seed=seed,
+                                                            extra_args=constraint_extra_args(tag))
+                                             for seed in range(6)], use_tqdm=False)
+        plain = llm.generate(prompts, [SamplingParams(max_tokens=40, temperature=1.0, seed=seed)
+                                       for seed in range(6)], use_tqdm=False)
+    finally:
+        del llm
+    for output in constrained:
+        text = output.outputs[0].text
+        call = json.loads(text.split("<tool_call>", 1)[1].rsplit("</tool_call>", 1)[0])
+        assert text.lstrip().startswith("<tool_call>") and call["name"] in allowed, text
+        assert POOL_BY_NAME[call["name"]].arguments_valid(call["arguments"]), text
+        assert output.outputs[0].finish_reason == "stop", text
+    assert not any(out.outputs[0].text.lstrip().startswith("<tool_call>") for out in plain)

@@ -247,6 +247,29 @@ def allowed_subset_tag(key: GrammarKey,
     return result
 
 
+def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Literal["chat", "responses"] = "chat",
+                          *, strict_level: int = STRICT_FUNCTION,
+                          max_whitespace: int | None = None) -> BuiltTag | None:
+    """The grammar for a request body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``,
+    for callers without our server (vLLM's offline ``LLM``): pass the result through
+    :func:`vllm_allowed_tools.constraint.constraint_extra_args` into ``SamplingParams.extra_args``.
+
+    Raises InvalidSelectionError (naming the field) exactly as the server's 400 would; None when the
+    body selects no allowlist (plain choices are vLLM's own business)."""
+    from .policy import resolve_policy
+    policy = resolve_policy(body, api)
+    if policy is None or not policy.has_allowlist or policy.mode is None:
+        return None
+    functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict)
+                 for spec in policy.allowed_specs]
+    key = GrammarKey(wire_format=wire_format, catalog_digest=policy.catalog_digest,
+                     allowlist_digest=policy.allowlist_digest, mode=policy.mode,
+                     parallel_tool_calls=policy.parallel_tool_calls,
+                     strict_names=frozenset(f.name for f in functions if f.strict is True),
+                     strict_level=strict_level, max_whitespace=max_whitespace)
+    return allowed_subset_tag(key, lambda: functions)
+
+
 def tag_cache_stats() -> tuple[int, int, int]:
     """(hits, misses, entries) of the built-tag cache."""
     return _TAGS.hits, _TAGS.misses, len(_TAGS)
