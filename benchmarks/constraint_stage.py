@@ -30,13 +30,13 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from vllm_allowed_tools.constraint import (  # noqa: E402
+from vllm_allowed_tools.constraint import (
     CompiledGrammars,
     MaskedBatch,
     constraint_extra_args,
     read_extra_args,
 )
-from vllm_allowed_tools.grammar import (  # noqa: E402
+from vllm_allowed_tools.grammar import (
     AllowedFunction,
     GrammarKey,
     allowed_subset_tag,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 
 import pytest
 from hypothesis import given, settings
@@ -20,7 +19,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 torch = pytest.importorskip("torch")
 xgr = pytest.importorskip("xgrammar")
 
-from vllm_allowed_tools.constraint import (  # noqa: E402
+from vllm_allowed_tools.constraint import (
     XARGS_DIGEST,
     XARGS_TAG,
     CompiledGrammars,
@@ -30,8 +29,8 @@ from vllm_allowed_tools.constraint import (  # noqa: E402
     constraint_stage,
     read_extra_args,
 )
-from vllm_allowed_tools.errors import CapabilityError  # noqa: E402
-from vllm_allowed_tools.grammar import (  # noqa: E402
+from vllm_allowed_tools.errors import CapabilityError
+from vllm_allowed_tools.grammar import (
     AllowedFunction,
     GrammarKey,
     allowed_subset_tag,

@@ -15,7 +15,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import start_cli_server, stop_cli_server
-from test_serving_e2e import _catalog_and_subset, _chat_choice, chat_calls, responses_calls
+from test_serving_e2e import (
+    _catalog_and_subset,
+    _chat_choice,
+    chat_calls,
+    happy_model_violation_figures,
+    responses_calls,
+)
 
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
@@ -117,29 +123,9 @@ def test_mixed_batch_each_request_gets_its_own_grammar(lp_random_server):
 
 
 def test_auto_mode_holds_against_the_tool_happy_model(lp_happy_server):
-    client = lp_happy_server.client()
     before = _parser_violations(lp_happy_server)
-    trials, without, with_policy, calls_with = 16, 0, 0, 0
-    for seed in range(trials):
-        catalog, allowed = _catalog_and_subset(100 + seed)
-        messages = [{"role": "system", "content": "You are a helpful agent."},
-                    {"role": "user", "content": "Go ahead."}]
-        tools = [tool.chat_tool() for tool in catalog]
-        plain = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
-                                               max_tokens=60, temperature=1.0, seed=seed)
-        without += any(c.function.name not in allowed for c in plain.choices[0].message.tool_calls or [])
-        governed = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
-                                                  tool_choice=_chat_choice("auto", allowed),
-                                                  max_tokens=60, temperature=1.0, seed=seed)
-        names = [c.function.name for c in governed.choices[0].message.tool_calls or []]
-        calls_with += bool(names)
-        with_policy += any(name not in allowed for name in names)
-    print(json.dumps({"stage": "logits-processor", "trials": trials,
-                      "violation_rate_without_policy": without / trials,
-                      "violation_rate_with_policy": with_policy / trials,
-                      "responses_with_allowed_calls": calls_with / trials}))
-    assert without / trials >= 0.5, "the adversary got weak: the test would be hollow"
-    assert with_policy == 0 and calls_with > 0
+    figures = happy_model_violation_figures(lp_happy_server.client(), trials=16)
+    assert figures["violation_rate_with_policy"] == 0 and figures["responses_with_allowed_calls"] > 0
     assert _parser_violations(lp_happy_server) == before, \
         "the parser had to drop disallowed calls: the grammar did not constrain decoding"
 
@@ -168,7 +154,7 @@ def test_offline_llm_is_constrained_through_extra_args():
 
     from vllm_allowed_tools.constraint import constraint_extra_args
     from vllm_allowed_tools.grammar import allowed_tools_grammar
-    from vllm_allowed_tools.serve import MAX_MODEL_LEN, server_environment
+    from vllm_allowed_tools.serve import server_environment
     from vllm_allowed_tools.testing.tiny_model import ensure_model
     os.environ.update(server_environment())
     from vllm import LLM, SamplingParams

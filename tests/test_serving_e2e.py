@@ -157,11 +157,10 @@ def test_auto_mode_never_calls_outside_subset_random(random_server, stream):
     assert text_only > 0, "auto mode must still allow a text-only answer"
 
 
-def test_auto_mode_holds_against_the_tool_happy_model(happy_server):
-    """Same prompts, with and without the policy: the model violates a 2-of-8 allowlist most of the
-    time on its own; with the policy no response carries a disallowed call."""
-    client = happy_server.client()
-    trials, violations_without, violations_with, calls_with = 24, 0, 0, 0
+def happy_model_violation_figures(client, trials: int) -> dict:
+    """Same prompts, with and without the policy, against the tool-happy model: how often a
+    response calls outside a 2-of-8 allowlist on its own, and with the policy in auto mode."""
+    without, with_policy, calls_with = 0, 0, 0
     for seed in range(trials):
         catalog, allowed = _catalog_and_subset(100 + seed)
         messages = [{"role": "system", "content": "You are a helpful agent."},
@@ -170,19 +169,28 @@ def test_auto_mode_holds_against_the_tool_happy_model(happy_server):
         plain = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
                                                max_tokens=60, temperature=1.0, seed=seed)
         names = [c.function.name for c in plain.choices[0].message.tool_calls or []]
-        violations_without += any(name not in allowed for name in names)
+        without += any(name not in allowed for name in names)
         governed = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
                                                   tool_choice=_chat_choice("auto", allowed),
                                                   max_tokens=60, temperature=1.0, seed=seed)
         names = [c.function.name for c in governed.choices[0].message.tool_calls or []]
         calls_with += bool(names)
-        violations_with += any(name not in allowed for name in names)
-    print(json.dumps({"trials": trials, "violation_rate_without_policy": violations_without / trials,
-                      "violation_rate_with_policy": violations_with / trials,
-                      "responses_with_allowed_calls": calls_with / trials}))
-    assert violations_without / trials >= 0.5, "the adversary got weak: the test would be hollow"
-    assert violations_with == 0
-    assert calls_with > 0, "the model should still make allowed calls in auto mode"
+        with_policy += any(name not in allowed for name in names)
+    figures = {"trials": trials, "violation_rate_without_policy": without / trials,
+               "violation_rate_with_policy": with_policy / trials,
+               "responses_with_allowed_calls": calls_with / trials}
+    print(json.dumps(figures))
+    assert figures["violation_rate_without_policy"] >= 0.5, \
+        "the adversary got weak: the test would be hollow"
+    return figures
+
+
+def test_auto_mode_holds_against_the_tool_happy_model(happy_server):
+    """The model violates a 2-of-8 allowlist most of the time on its own; with the policy no
+    response carries a disallowed call, and allowed calls are still made."""
+    figures = happy_model_violation_figures(happy_server.client(), trials=24)
+    assert figures["violation_rate_with_policy"] == 0
+    assert figures["responses_with_allowed_calls"] > 0, "the model should still make allowed calls in auto mode"
 
 
 # --------------------------------------------------------------------------- parallel / namespaces

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .grammar import BuiltTag, _LRU, tag_digest
+from .grammar import _LRU, BuiltTag, tag_digest
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from xgrammar import StructuralTag
 from xgrammar import get_model_structural_tag as xgrammar_model_tag

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from ..constraint import STAGE_ENV, STAGE_LOGITS_PROCESSOR, constraint_stage
 from ..errors import CapabilityError

@@ -44,7 +44,7 @@ V2_REFUSAL = ("the allowed-tools logits-processor stage runs on vLLM's V1 model 
 _TOKENIZER_GRAMMARS: dict[Any, CompiledGrammars] = {}
 
 
-def compiled_grammars_for(vllm_config: "VllmConfig") -> CompiledGrammars:
+def compiled_grammars_for(vllm_config: VllmConfig) -> CompiledGrammars:
     """One compiled-grammar cache per tokenizer (model, revision, mode, vocabulary size), shared by
     every processor instance of this process."""
     model_config = vllm_config.model_config
@@ -70,7 +70,7 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
         except ConstraintArgsError as error:
             raise ValueError(str(error)) from None
 
-    def __init__(self, vllm_config: "VllmConfig", *args: Any) -> None:
+    def __init__(self, vllm_config: VllmConfig, *args: Any) -> None:
         self._vllm_config = vllm_config
         self._v2 = len(args) == 1          # V2: (vllm_config, req_states); V1: (config, device, pin)
         self._batch: MaskedBatch | None = None

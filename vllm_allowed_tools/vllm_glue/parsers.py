@@ -27,8 +27,16 @@ from vllm.tool_parsers import ToolParserManager
 
 from ..constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG, constraint_stage
 from ..errors import CapabilityError
-from ..grammar import (WIRE_FORMATS, AllowedFunction, BuiltTag, GrammarKey, allowed_subset_tag, built,
-                       cap_json_whitespace, tag_digest)
+from ..grammar import (
+    WIRE_FORMATS,
+    AllowedFunction,
+    BuiltTag,
+    GrammarKey,
+    allowed_subset_tag,
+    built,
+    cap_json_whitespace,
+    tag_digest,
+)
 from ..metrics import record_violation
 from ..rewrite import POLICY_KEY, WirePolicy
 from .plugin import PARSERS
