@@ -19,15 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
 
-from ..errors import AllowedToolsError
-from ..guard import (AllowedToolsViolation, CatalogPolicy, ChatStreamGuard, GuardedSSE,
-                     ResponsesStreamGuard, check_chat_completion, check_responses_object)
 from ..approvals.errors import GrantStoreUnavailable
 from ..approvals.wire import ApprovalStream, WithoutGated
+from ..errors import AllowedToolsError
+from ..guard import (
+    AllowedToolsViolation,
+    CatalogPolicy,
+    ChatStreamGuard,
+    GuardedSSE,
+    ResponsesStreamGuard,
+    check_chat_completion,
+    check_responses_object,
+)
 from ..metrics import record_fallback
 from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
 from ..sse import SSEEvent, SSEFramer
@@ -343,8 +351,13 @@ class AllowedToolsMiddleware:
 
     def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api):
         """(rewritten request, the response-side approvals or None, calls to release directly)."""
-        from ..approvals.wire import (ResponseApprovals, prepare_request, principal_from_headers,
-                                      session_of, strip_approval_hints)
+        from ..approvals.wire import (
+            ResponseApprovals,
+            prepare_request,
+            principal_from_headers,
+            session_of,
+            strip_approval_hints,
+        )
         from ..policy import resolve_policy
         body = strip_approval_hints(rewritten.body)
         if api != "responses":
