@@ -25,12 +25,12 @@ from .templates import template_path
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
-MAX_MODEL_LEN = 32768
+MAX_MODEL_LEN = 32768   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
 #: the bundled chat template each of our parsers is served with (falls back to hermes)
 TEMPLATE_FOR_PARSER = {"allowed_hermes": "hermes", "allowed_llama3_json": "llama3_json",
                        "allowed_qwen3_coder": "qwen3_coder", "allowed_mistral": "mistral",
                        "allowed_pythonic": "pythonic"}
-MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
+MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
 
 
 class ServeError(RuntimeError):
