@@ -211,9 +211,18 @@ def bench_mask(rounds: int) -> list[dict[str, Any]]:
                 batch.sync()
                 assert not batch.rows[0].failed, "the benchmark answer must be admissible"
             per_token.sort()
+            plain = MaskedBatch(grammars, info.vocab_size, max_rows=16)   # 16 rows, none constrained
+            for row in range(16):
+                plain.add(row, None, [], [])
+            plain_logits = torch.zeros(16, info.vocab_size)
+
+            def plain_step():
+                plain.sync()
+                plain.apply(plain_logits)
             rows.append({"vocab": vocab_name, "mode": mode, "tokens": len(answer),
                          "per_token_us": statistics.median(per_token) * 1e6,
                          "p90_us": per_token[int(len(per_token) * 0.9)] * 1e6,
+                         "plain_batch16_step_us": _timed(plain_step, 500) * 1e6,
                          **_apply_kernels(grammars, grammar, info.vocab_size)})
     return rows
 

@@ -277,3 +277,27 @@ def test_batch_bookkeeping_matches_a_reference(grammars, operations):
                 reference[i] = displaced
             batch.move(i, j, swap=op == "swap")
     assert {row: id(state.output_ids) for row, state in batch.rows.items()} == reference
+
+
+@settings(max_examples=80, deadline=None)
+@given(vocab=st.integers(1, 300), rows=st.integers(1, 4), data=st.data())
+def test_cpu_mask_matches_the_bitmask_semantics(grammars, vocab, rows, data):
+    """Our CPU bitmask application (numpy unpacking, all-allowed rows skipped) masks exactly the
+    tokens whose bit is 0, in the listed rows, below ``vocab``: partial last words, all-ones rows and
+    padded logits included. (xgrammar 0.2.8's own CPU kernel writes past a row's end when the row
+    is narrower than its last bitmask word, so the reference is the documented rule itself.)"""
+    batch = MaskedBatch(grammars, vocab, max_rows=rows)
+    words = batch._bitmask.shape[1]
+    for row in range(rows):
+        values = data.draw(st.lists(st.sampled_from([-1, 0, 1, -2 ** 31, 2 ** 31 - 1, 12345, -7]),
+                                    min_size=words, max_size=words))
+        batch._bitmask[row] = torch.tensor(values, dtype=torch.int32)
+    indices = sorted(data.draw(st.sets(st.integers(0, rows - 1), min_size=1)))
+    logits = torch.randn(rows, vocab + data.draw(st.integers(0, 40)))   # padded vocabulary
+    expected = logits.clone()
+    for row in indices:
+        for token in range(vocab):
+            if not (int(batch._bitmask[row, token // 32]) >> (token % 32)) & 1:
+                expected[row, token] = float("-inf")
+    batch._apply_on_cpu(logits, indices, vocab)
+    assert torch.equal(logits, expected)

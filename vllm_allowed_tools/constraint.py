@@ -208,7 +208,12 @@ class MaskedBatch:
         import numpy as np
         import torch
         words = self._bitmask.numpy()
+        full_words, tail_bits = divmod(vocab, 32)
+        tail_mask = (1 << tail_bits) - 1
         for row in indices:
+            if (words[row, :full_words] == -1).all() and \
+                    (not tail_bits or int(words[row, full_words]) & tail_mask == tail_mask):
+                continue                    # everything allowed (free text in auto mode)
             allowed = np.unpackbits(words[row].view(np.uint8), bitorder="little", count=vocab)
             logits[row, :vocab].masked_fill_(torch.from_numpy(allowed) == 0, float("-inf"))
 
