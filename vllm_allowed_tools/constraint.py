@@ -127,6 +127,7 @@ class MaskedBatch:
         self.grammars = grammars
         self.vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)
+        self._batch_filler: Any = None
         self.rows: dict[int, _Row] = {}
 
     # ------------------------------------------------------------------ batch changes
@@ -188,12 +189,18 @@ class MaskedBatch:
         if not indices:
             return logits
         bitmask = self._bitmask
+        live_rows, live_matchers = [], []
         for row in indices:
             state = self.rows[row]
             if state.failed or state.matcher.is_terminated():
                 self._stop_only(bitmask, row, state)
             else:
-                state.matcher.fill_next_token_bitmask(bitmask, row)
+                live_rows.append(row)
+                live_matchers.append(state.matcher)
+        if len(live_rows) == 1:
+            live_matchers[0].fill_next_token_bitmask(bitmask, live_rows[0])
+        elif live_rows:                     # one call, rows filled in parallel by xgrammar
+            self._batch_matcher().batch_fill_next_token_bitmask(live_matchers, bitmask, live_rows)
         vocab = min(self.vocab_size, logits.shape[-1])
         if logits.device.type == "cpu":
             self._apply_on_cpu(logits, indices, vocab)
@@ -202,20 +209,36 @@ class MaskedBatch:
                                             vocab_size=vocab, indices=indices)
         return logits
 
+    def _batch_matcher(self) -> Any:
+        if self._batch_filler is None:
+            import xgrammar as xgr
+            self._batch_filler = xgr.BatchGrammarMatcher()
+        return self._batch_filler
+
     def _apply_on_cpu(self, logits: Any, indices: Sequence[int], vocab: int) -> None:
         """xgrammar's CPU kernel takes about 0.5 ms a row at a 150K vocabulary; unpacking the bits
-        with numpy and one masked fill takes about 0.08 ms (measured in benchmarks/)."""
+        with numpy and one masked fill takes about 0.1 ms (measured in benchmarks/). Rows whose
+        mask allows everything (free text in auto mode) are skipped."""
         import numpy as np
         import torch
-        words = self._bitmask.numpy()
+        words = self._bitmask.numpy()[indices]
         full_words, tail_bits = divmod(vocab, 32)
-        tail_mask = (1 << tail_bits) - 1
-        for row in indices:
-            if (words[row, :full_words] == -1).all() and \
-                    (not tail_bits or int(words[row, full_words]) & tail_mask == tail_mask):
-                continue                    # everything allowed (free text in auto mode)
-            allowed = np.unpackbits(words[row].view(np.uint8), bitorder="little", count=vocab)
-            logits[row, :vocab].masked_fill_(torch.from_numpy(allowed) == 0, float("-inf"))
+        open_rows = (words[:, :full_words] == -1).all(axis=1)
+        if tail_bits:
+            tail_mask = (1 << tail_bits) - 1
+            open_rows &= (words[:, full_words].astype(np.int64) & tail_mask) == tail_mask
+        masked = [row for row, is_open in zip(indices, open_rows.tolist()) if not is_open]
+        if not masked:
+            return
+        if len(masked) < len(indices):
+            words = self._bitmask.numpy()[masked]
+        allowed = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little", count=vocab)
+        refused = torch.from_numpy(allowed) == 0
+        if len(masked) == 1:
+            logits[masked[0], :vocab].masked_fill_(refused[0], float("-inf"))
+        else:
+            rows = torch.tensor(masked)
+            logits[rows, :vocab] = logits[rows, :vocab].masked_fill(refused, float("-inf"))
 
     def _stop_only(self, bitmask: Any, row: int, state: _Row) -> None:
         bitmask[row].zero_()
