@@ -8,6 +8,7 @@ from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.vllm_glue.capabilities import check_server_args, structured_output_backend
 
 BASE = ["vllm", "serve", "m", "--tool-call-parser", "allowed_hermes"]
+NATIVE = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}
 
 
 def test_good_configuration_passes():
@@ -23,7 +24,7 @@ def test_backends_without_structural_tags_are_refused(backend):
                  BASE + ["--structured-outputs-config", '{"backend": "%s"}' % backend]):
         assert structured_output_backend(argv) == backend
         with pytest.raises(CapabilityError, match=backend) as error:
-            check_server_args(argv, environ={})
+            check_server_args(argv, environ=NATIVE)
         assert "xgrammar" in str(error.value) and error.value.status == 500
 
 
@@ -31,15 +32,34 @@ def test_last_backend_flag_wins():
     argv = BASE + ["--structured-outputs-config.backend", "xgrammar",
                    "--structured-outputs-config.backend", "guidance"]
     with pytest.raises(CapabilityError):
-        check_server_args(argv, environ={})
+        check_server_args(argv, environ=NATIVE)
 
 
 LP = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor", "VLLM_TARGET_DEVICE": "cpu"}
 
 
+GPU = {"VLLM_TARGET_DEVICE": "cuda"}   # what the stage choice reads first (no accelerator needed)
+
+
 def test_logits_processor_stage_serves_other_backends():
-    """The switch is what makes a non-xgrammar backend usable: the grammar never reaches it."""
-    check_server_args(BASE + ["--structured-outputs-config.backend", "guidance"], environ=LP)
+    """The logits processor is what makes a non-xgrammar backend usable: the grammar never reaches
+    it. ``auto`` (the default) picks it there by itself."""
+    guidance = BASE + ["--structured-outputs-config.backend", "guidance"]
+    assert check_server_args(guidance, environ=LP).constraint_stage == "logits-processor"
+    assert check_server_args(guidance, environ={**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}) \
+        .constraint_stage == "logits-processor"
+    with pytest.raises(CapabilityError, match="guidance.*speculative decoding"):
+        check_server_args(guidance + ["--speculative-config", "{}"], environ=GPU)
+
+
+def test_auto_stage_follows_the_benchmark():
+    """``auto``: the logits processor on CPU (measured faster there), vLLM's native path on
+    accelerators (not measured) and wherever the processor cannot run."""
+    assert check_server_args(BASE, environ={"VLLM_TARGET_DEVICE": "cpu"}).constraint_stage == "logits-processor"
+    assert check_server_args(BASE, environ=GPU).constraint_stage == "native"
+    assert check_server_args(BASE + ["--speculative-config", "{}"],
+                             environ={"VLLM_TARGET_DEVICE": "cpu"}).constraint_stage == "native"
+    assert check_server_args(BASE, environ={"VLLM_TARGET_DEVICE": "cpu", **NATIVE}).constraint_stage == "native"
 
 
 def test_logits_processor_stage_refuses_speculative_decoding():
@@ -51,7 +71,7 @@ def test_logits_processor_stage_refuses_speculative_decoding():
 
 
 def test_logits_processor_stage_needs_the_v1_runner_off_cpu():
-    gpu = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor"}
+    gpu = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor", **GPU}
     with pytest.raises(CapabilityError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
         check_server_args(BASE, environ=gpu)
     check_server_args(BASE, environ={**gpu, "VLLM_USE_V2_MODEL_RUNNER": "0"})
@@ -79,7 +99,7 @@ def test_real_server_refuses_to_start_with_guidance(tmp_path):
     model = ensure_model("random", 0, log=lambda *_: None)
     with pytest.raises(ServeError) as error:
         start_server(model, extra_args=["--structured-outputs-config.backend", "guidance"],
-                     log_path=tmp_path / "server.log", timeout=240)
+                     log_path=tmp_path / "server.log", timeout=240, env=NATIVE)
     assert "structured-output backend cannot compile" in str(error.value)
 
 

@@ -25,9 +25,10 @@ from vllm_allowed_tools.constraint import (
     CompiledGrammars,
     ConstraintArgsError,
     MaskedBatch,
+    choose_stage,
     constraint_extra_args,
-    constraint_stage,
     read_extra_args,
+    requested_stage,
 )
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.grammar import (
@@ -128,10 +129,32 @@ def test_extra_args_round_trip_and_refusals():
 
 
 def test_stage_switch():
-    assert constraint_stage({}) == "native"
-    assert constraint_stage({"VLLM_ALLOWED_TOOLS_CONSTRAINT": " Logits-Processor "}) == "logits-processor"
+    assert requested_stage({}) == "auto"
+    assert requested_stage({"VLLM_ALLOWED_TOOLS_CONSTRAINT": " Logits-Processor "}) == "logits-processor"
     with pytest.raises(CapabilityError, match="VLLM_ALLOWED_TOOLS_CONSTRAINT"):
-        constraint_stage({"VLLM_ALLOWED_TOOLS_CONSTRAINT": "fast"})
+        requested_stage({"VLLM_ALLOWED_TOOLS_CONSTRAINT": "fast"})
+
+
+@pytest.mark.parametrize("requested,compiles,on_cpu,blocked,expected", [
+    ("auto", True, True, None, "logits-processor"),       # measured faster on CPU
+    ("auto", True, False, None, "native"),                # accelerators: not measured, native
+    ("auto", True, True, "spec decoding", "native"),      # the processor would not run
+    ("auto", False, False, None, "logits-processor"),     # the backend cannot compile tags
+    ("auto", False, True, "spec decoding", "refused"),    # neither can serve
+    ("native", True, True, None, "native"),
+    ("native", False, True, None, "refused"),
+    ("logits-processor", True, False, None, "logits-processor"),
+    ("logits-processor", True, False, "V2 runner", "refused"),
+])
+def test_stage_choice(requested, compiles, on_cpu, blocked, expected):
+    kwargs = dict(backend="guidance" if not compiles else "xgrammar", backend_compiles_tags=compiles,
+                  on_cpu=on_cpu, logits_processor_blocked=blocked)
+    if expected == "refused":
+        with pytest.raises(CapabilityError) as error:
+            choose_stage(requested, **kwargs)
+        assert (blocked or "guidance") in str(error.value)
+    else:
+        assert choose_stage(requested, **kwargs) == expected
 
 
 # ---------------------------------------------------------------------------- masking

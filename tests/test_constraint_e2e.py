@@ -1,9 +1,10 @@
-"""The logits-processor stage forced on, served for real: the serving guarantees still hold.
+"""Both constraint stages, each forced on, served for real: the serving guarantees hold on either.
 
-The random-weight server runs with the ``guidance`` structured-output backend, which cannot compile
-structural tags at all: every constrained answer it gives was constrained by our logits processor
-(with the native path that backend is refused at start-up). The tool-happy server checks auto mode
-against a model that violates the allowlist on its own most of the time, and that the parser's
+``auto`` picks the logits-processor stage on CPU, so most of the suite runs on it; this module
+also pins each stage explicitly. The logits-processor server runs with the ``guidance``
+structured-output backend, which cannot compile structural tags at all: every constrained answer it
+gives was constrained by our logits processor. The tool-happy servers check auto mode against a
+model that violates the allowlist on its own most of the time, and that the parser's
 defense-in-depth filter never had to drop anything (the grammar did the work).
 """
 
@@ -28,21 +29,26 @@ from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 
 pytestmark = pytest.mark.server
 
-LP_ENV = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor"}
 SEEDS = range(6)
+STAGES = {
+    "logits-processor": ({"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor"},
+                         ["--structured-outputs-config.backend", "guidance"]),
+    "native": ({"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}, []),
+}
 
 
-@pytest.fixture(scope="module")
-def lp_random_server():
-    server = start_cli_server("random", env=LP_ENV,
-                              extra_args=["--structured-outputs-config.backend", "guidance"])
+@pytest.fixture(scope="module", params=sorted(STAGES))
+def stage_random_server(request):
+    env, args = STAGES[request.param]
+    server = start_cli_server("random", env=env, extra_args=args)
     yield server
     stop_cli_server(server)
 
 
-@pytest.fixture(scope="module")
-def lp_happy_server():
-    server = start_cli_server("tool-happy", env=LP_ENV)
+@pytest.fixture(scope="module", params=sorted(STAGES))
+def stage_happy_server(request):
+    env, _ = STAGES[request.param]
+    server = start_cli_server("tool-happy", env=env)
     yield server
     stop_cli_server(server)
 
@@ -52,8 +58,8 @@ def _parser_violations(server) -> float:
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
-def test_required_mode_only_allowed_calls(lp_random_server, stream):
-    client = lp_random_server.client()
+def test_required_mode_only_allowed_calls(stage_random_server, stream):
+    client = stage_random_server.client()
     for seed in SEEDS:
         catalog, allowed = _catalog_and_subset(seed)
         calls, text = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
@@ -65,8 +71,8 @@ def test_required_mode_only_allowed_calls(lp_random_server, stream):
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
-def test_parallel_false_and_auto_mode(lp_random_server, stream):
-    client = lp_random_server.client()
+def test_parallel_false_and_auto_mode(stage_random_server, stream):
+    client = stage_random_server.client()
     text_only = 0
     for seed in SEEDS:
         catalog, allowed = _catalog_and_subset(seed)
@@ -79,20 +85,19 @@ def test_parallel_false_and_auto_mode(lp_random_server, stream):
     assert text_only > 0, "auto mode must still allow a text-only answer"
 
 
-def test_plain_requests_are_not_constrained(lp_random_server):
-    """No policy, no grammar: a plain `required` on this server gets vLLM's own (guidance) JSON
-    path and a request without tools is free text."""
-    client = lp_random_server.client()
+def test_plain_requests_are_not_constrained(stage_random_server):
+    """No policy, no grammar: a request without tools is free text."""
+    client = stage_random_server.client()
     text = client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=20, seed=1,
         temperature=1.0).choices[0].message.content
     assert text and "<tool_call>" not in text
 
 
-def test_mixed_batch_each_request_gets_its_own_grammar(lp_random_server):
+def test_mixed_batch_each_request_gets_its_own_grammar(stage_random_server):
     """Concurrent requests share the engine's batch: with and without a policy, different subsets,
     both modes. Each obeys its own allowlist, and required ones always call."""
-    client = lp_random_server.client()
+    client = stage_random_server.client()
     rng = random.Random(7)
     jobs = []
     for index in range(24):
@@ -102,7 +107,7 @@ def test_mixed_batch_each_request_gets_its_own_grammar(lp_random_server):
 
     def run(job):
         index, catalog, allowed, mode = job
-        if mode is None:   # no policy (and no tools: guidance cannot run vLLM's own tool grammar)
+        if mode is None:   # no policy (and no tools: guidance cannot run vLLM's own tool grammars)
             reply = client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": "Go ahead."}], max_tokens=40,
                 temperature=1.0, seed=index)
@@ -122,15 +127,15 @@ def test_mixed_batch_each_request_gets_its_own_grammar(lp_random_server):
             assert calls and all(POOL_BY_NAME[n].arguments_valid(a) for n, a in calls), (index, calls)
 
 
-def test_auto_mode_holds_against_the_tool_happy_model(lp_happy_server):
-    before = _parser_violations(lp_happy_server)
-    figures = happy_model_violation_figures(lp_happy_server.client(), trials=16)
+def test_auto_mode_holds_against_the_tool_happy_model(stage_happy_server):
+    before = _parser_violations(stage_happy_server)
+    figures = happy_model_violation_figures(stage_happy_server.client(), trials=16)
     assert figures["violation_rate_with_policy"] == 0 and figures["responses_with_allowed_calls"] > 0
-    assert _parser_violations(lp_happy_server) == before, \
+    assert _parser_violations(stage_happy_server) == before, \
         "the parser had to drop disallowed calls: the grammar did not constrain decoding"
 
 
-def test_client_cannot_plant_a_grammar(lp_happy_server):
+def test_client_cannot_plant_a_grammar(stage_happy_server):
     """Our vllm_xargs keys are stripped from client requests: a client's own 'grammar' (here one
     that would force a call to a tool outside its allowlist) never reaches the engine."""
     from vllm_allowed_tools.constraint import constraint_extra_args
@@ -139,7 +144,7 @@ def test_client_cannot_plant_a_grammar(lp_happy_server):
     outsider = next(tool for tool in catalog if tool.name not in allowed)
     planted = built(build_structural_tag("hermes", [AllowedFunction(outsider.name, {"type": "object"})],
                                          "required"))
-    reply = lp_happy_server.client().chat.completions.create(
+    reply = stage_happy_server.client().chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
         tools=[tool.chat_tool() for tool in catalog], tool_choice=_chat_choice("required", allowed),
         max_tokens=80, temperature=1.0, seed=3, extra_body={"vllm_xargs": constraint_extra_args(planted)})

@@ -29,29 +29,64 @@ XARGS_TAG = "vllm_allowed_tools_tag"
 XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
 XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST)
 
-#: which constraint stage serves allowed-tools grammars; see :func:`constraint_stage`
+#: which constraint stage serves allowed-tools grammars; see :func:`choose_stage`
 STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
+STAGE_AUTO = "auto"
 STAGE_NATIVE = "native"
 STAGE_LOGITS_PROCESSOR = "logits-processor"
-STAGES = (STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
+STAGES = (STAGE_AUTO, STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
 
 
 class ConstraintArgsError(ValueError):
     """Malformed constraint arguments on a request (reported as a 400 naming the key)."""
 
 
-def constraint_stage(environ: Mapping[str, str] | None = None) -> str:
-    """The operator's switch. ``native`` (default: vLLM's xgrammar backend, measured faster for
-    batched decoding; see the README) or ``logits-processor`` (needed with another structured-output
-    backend, and what offline ``LLM`` users get through :func:`constraint_extra_args`)."""
+def requested_stage(environ: Mapping[str, str] | None = None) -> str:
+    """The operator's switch as set (``auto`` when unset); an unknown value is refused."""
     value = (environ if environ is not None else os.environ).get(STAGE_ENV, "").strip().lower()
     if not value:
-        return STAGE_NATIVE
+        return STAGE_AUTO
     if value not in STAGES:
         from .errors import CapabilityError
         raise CapabilityError(f"{STAGE_ENV}={value!r} is not a constraint stage; set one of "
                               f"{', '.join(STAGES)} or unset it", capability="config", status=500)
     return value
+
+
+def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, on_cpu: bool,
+                 logits_processor_blocked: str | None) -> str:
+    """Which stage serves the grammar, from the switch and what this server can run.
+
+    ``auto`` (the default) takes the logits-processor stage where the native path cannot serve (a
+    backend that cannot compile structural tags) or where ``benchmarks/constraint_stage.py``
+    measured it faster (on CPU: ahead at batch 1, level at batch 16), and vLLM's native path
+    everywhere else (GPUs: not measured here; the native path also works with speculative decoding
+    and Model Runner V2). ``logits_processor_blocked`` says why vLLM would not run the processor
+    (None: it would). Raises CapabilityError when the choice cannot enforce the allowlist."""
+    from .errors import CapabilityError
+    if requested == STAGE_LOGITS_PROCESSOR or (requested == STAGE_AUTO and not backend_compiles_tags):
+        if logits_processor_blocked is None:
+            return STAGE_LOGITS_PROCESSOR
+        if requested == STAGE_AUTO:
+            raise CapabilityError(
+                f"the {backend!r} structured-output backend cannot compile the structural tags "
+                f"that constrain decoding to the allowed tools, and our logits processor cannot "
+                f"stand in: {logits_processor_blocked}; start vLLM with "
+                "--structured-outputs-config.backend xgrammar", capability="constraint_stage",
+                status=500)
+        raise CapabilityError(f"{STAGE_ENV}={STAGE_LOGITS_PROCESSOR} cannot be served: "
+                              f"{logits_processor_blocked}; unset {STAGE_ENV} to use vLLM's native "
+                              "structured-output path", capability="constraint_stage", status=500)
+    if not backend_compiles_tags:
+        raise CapabilityError(
+            f"the {backend!r} structured-output backend cannot compile the structural tags that "
+            "constrain decoding to the allowed tools; start vLLM with "
+            "--structured-outputs-config.backend xgrammar (or auto), or let our logits processor "
+            f"serve the grammar ({STAGE_ENV}=auto or {STAGE_LOGITS_PROCESSOR})",
+            capability="structured_output_backend", status=500)
+    if requested == STAGE_AUTO and on_cpu and logits_processor_blocked is None:
+        return STAGE_LOGITS_PROCESSOR
+    return STAGE_NATIVE
 
 
 def constraint_extra_args(tag: BuiltTag) -> dict[str, str]:

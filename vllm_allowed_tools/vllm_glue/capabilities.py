@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..constraint import STAGE_ENV, STAGE_LOGITS_PROCESSOR, constraint_stage
+from ..constraint import STAGE_NATIVE, choose_stage, requested_stage
 from ..errors import CapabilityError
 from .plugin import PARSERS
 
@@ -36,6 +37,7 @@ class ServerCapabilities:
     template: str | None            # what the template was read from (None: not determinable)
     template_renders_policy: bool | None
     filter_catalog: bool            # the explicit fallback is on and needed
+    constraint_stage: str           # who applies the grammar: native or logits-processor
 
 
 #: backends that cannot compile new-format structural tags (vLLM 0.32/0.33)
@@ -102,21 +104,38 @@ def chat_template_source(argv: Sequence[str]) -> tuple[str | None, str | None]:
     return None, None
 
 
-def _check_logits_processor_stage(argv: Sequence[str], environ: dict[str, str]) -> None:
-    """Where vLLM would not run our logits processor, refuse the switch instead of serving
-    unconstrained requests: speculative decoding (vLLM drops entry-point processors there) and
-    Model Runner V2 (it takes another interface)."""
+def _logits_processor_blocked(argv: Sequence[str], environ: dict[str, str], on_cpu: bool) -> str | None:
+    """Why vLLM would not run our logits processor here (None: it would): speculative decoding
+    (vLLM drops entry-point processors there) and Model Runner V2 (it takes another interface)."""
     if _flag_value(argv, "--speculative-config", "--speculative_config") is not None:
-        raise CapabilityError(
-            f"{STAGE_ENV}={STAGE_LOGITS_PROCESSOR} cannot run with speculative decoding (vLLM does "
-            f"not load logits processors then); unset {STAGE_ENV} to use the native structured-"
-            "output path, which supports it", capability="constraint_stage", status=500)
-    if environ.get("VLLM_TARGET_DEVICE", "").strip().lower() != "cpu" \
-            and environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false"):
-        raise CapabilityError(
-            f"{STAGE_ENV}={STAGE_LOGITS_PROCESSOR} runs on vLLM's V1 model runner only, and Model "
-            "Runner V2 may be chosen on this device; set VLLM_USE_V2_MODEL_RUNNER=0 (or unset "
-            f"{STAGE_ENV})", capability="constraint_stage", status=500)
+        return "vLLM does not run logits processors with speculative decoding (--speculative-config)"
+    if not on_cpu and environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false"):
+        return ("it runs on vLLM's V1 model runner only, and Model Runner V2 may be chosen on this "
+                "device (set VLLM_USE_V2_MODEL_RUNNER=0)")
+    return None
+
+
+def _on_cpu(environ: dict[str, str]) -> bool:
+    device = environ.get("VLLM_TARGET_DEVICE", "").strip().lower()
+    if device:
+        return device == "cpu"
+    try:
+        from vllm.platforms import current_platform
+        return bool(current_platform.is_cpu())
+    except Exception:  # pragma: no cover - platform detection failed: assume an accelerator
+        return False
+
+
+_ACTIVE_STAGE: str | None = None
+
+
+def active_constraint_stage() -> str:
+    """The stage this API server process chose at start-up (resolved on first use where no
+    middleware was built, e.g. a parser used on its own)."""
+    global _ACTIVE_STAGE
+    if _ACTIVE_STAGE is None:
+        _ACTIVE_STAGE = check_server_args(sys.argv).constraint_stage
+    return _ACTIVE_STAGE
 
 
 def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServerCapabilities:
@@ -125,7 +144,8 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
     environ = dict(os.environ if environ is None else environ)
     if "serve" not in argv and not any(a.endswith("api_server") for a in argv):
         # not a server command line (e.g. the middleware built inside a test app)
-        return ServerCapabilities(template=None, template_renders_policy=None, filter_catalog=False)
+        return ServerCapabilities(template=None, template_renders_policy=None, filter_catalog=False,
+                                  constraint_stage=STAGE_NATIVE)
     parser = _flag_value(argv, "--tool-call-parser")
     vouched = {name.strip() for name in environ.get(EXTRA_PARSERS_ENV, "").split(",") if name.strip()}
     if parser is not None and parser not in PARSERS and parser not in vouched:
@@ -133,17 +153,12 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
             f"--tool-call-parser {parser} cannot enforce allowed_tools: use one of our wrappers "
             f"({', '.join(sorted(PARSERS))}), e.g. --tool-call-parser allowed_{parser} if it exists",
             capability="tool_parser", status=500)
-    stage = constraint_stage(environ)
     backend = structured_output_backend(argv)
-    if stage == STAGE_LOGITS_PROCESSOR:
-        _check_logits_processor_stage(argv, environ)
-    elif backend in BACKENDS_WITHOUT_STRUCTURAL_TAGS:
-        raise CapabilityError(
-            f"the {backend!r} structured-output backend cannot compile the structural tags that "
-            "constrain decoding to the allowed tools; start vLLM with "
-            "--structured-outputs-config.backend xgrammar (or auto), or serve the grammar "
-            f"through our logits processor with {STAGE_ENV}={STAGE_LOGITS_PROCESSOR}",
-            capability="structured_output_backend", status=500)
+    on_cpu = _on_cpu(environ)
+    stage = choose_stage(requested_stage(environ), backend=backend,
+                         backend_compiles_tags=backend not in BACKENDS_WITHOUT_STRUCTURAL_TAGS,
+                         on_cpu=on_cpu,
+                         logits_processor_blocked=_logits_processor_blocked(argv, environ, on_cpu))
     if environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "1").strip().lower() in ("0", "false"):
         raise CapabilityError(
             "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns structural tags off, so allowed_tools could "
@@ -162,5 +177,7 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
             f"that renders `{TEMPLATE_KWARG}` (mode, names) after the last message, or opt in to "
             f"catalog filtering with {FALLBACK_ENV}={FALLBACK_FILTER} (breaks prompt-cache reuse "
             "when the subset changes)", capability="chat_template", status=500)
-    return ServerCapabilities(template=origin, template_renders_policy=renders_policy,
+    global _ACTIVE_STAGE
+    _ACTIVE_STAGE = stage
+    return ServerCapabilities(template=origin, template_renders_policy=renders_policy, constraint_stage=stage,
                               filter_catalog=renders_policy is False and fallback == FALLBACK_FILTER)

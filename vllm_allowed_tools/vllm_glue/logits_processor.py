@@ -7,10 +7,10 @@ row of the batch is constrained.
 
 It implements the V1 model runner's interface. Model Runner V2 loads entry points of the same
 group but refuses V1-interface classes, which would stop every V2 server that merely has this
-package installed, so the class also declares the V2 interface and, under V2, constrains nothing
-and refuses (at admission, with a 400 naming the key) every request that asks it to; the start-up
-check refuses the ``logits-processor`` switch there too. vLLM itself drops entry-point processors
-under speculative decoding; the start-up check refuses the switch there as well.
+package installed, so the class also declares the V2 interface: under V2 it constrains nothing and
+raises, naming the fix, for any request that asks it to (only offline callers can: the server's
+start-up check never picks this stage where Model Runner V2 may run). vLLM itself drops entry-point
+processors under speculative decoding; the start-up check does not pick the stage there either.
 """
 
 from __future__ import annotations

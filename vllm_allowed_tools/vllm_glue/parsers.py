@@ -25,7 +25,7 @@ from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
 
-from ..constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG, constraint_stage
+from ..constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
 from ..errors import CapabilityError
 from ..grammar import (
     WIRE_FORMATS,
@@ -39,6 +39,7 @@ from ..grammar import (
 )
 from ..metrics import record_violation
 from ..rewrite import POLICY_KEY, WirePolicy
+from .capabilities import active_constraint_stage
 from .plugin import PARSERS
 
 try:  # vLLM 0.32 / 0.33
@@ -119,7 +120,7 @@ class AllowedToolsMixin:
                     setattr(request, field_name, getattr(probe, field_name))
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
-        if constraint_stage() == STAGE_LOGITS_PROCESSOR:
+        if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
             _hand_grammar_to_logits_processor(request)
         return request
 
