@@ -95,6 +95,7 @@ from urllib.parse import urlparse
 import httpx
 
 from vllm_allowed_tools.testing.metrics import scrape_metric
+from vllm_allowed_tools.testing.store_faults import sqlite_locked
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -1327,30 +1328,6 @@ def sqlite_folder_gone(db: Path):
         yield
     finally:
         away.rename(folder)
-
-
-_HOLD_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("UPDATE grants SET revoked_reason = revoked_reason")
-print("locked", flush=True)
-sys.stdin.readline()
-conn.execute("ROLLBACK")
-"""
-
-
-@contextlib.contextmanager
-def sqlite_locked(db: Path):
-    """Another process holds the store's write lock (longer than the server's busy timeout)."""
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        if holder.stdout.readline().strip() != "locked":
-            raise RuntimeError("the lock holder did not take the lock")
-        yield
-    finally:
-        holder.communicate("\n", timeout=60)
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from agent_app import SUBJECT, TENANT, CallRecord, build_dispatcher
 from agents import (
     Agent,
     FunctionTool,
@@ -53,14 +54,7 @@ from agents import (
 from agents.tool_context import ToolContext
 from openai import AsyncOpenAI
 
-from vllm_allowed_tools.dispatch import (
-    Dispatcher,
-    InMemoryGrantChecker,
-    Invocation,
-    TurnContext,
-    allow,
-    deny,
-)
+from vllm_allowed_tools.dispatch import Dispatcher, InMemoryGrantChecker, TurnContext
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 # The catalog: the agent's tools, unchanged every turn.
@@ -82,40 +76,6 @@ TURNS = [
     Turn("Open a ticket for the broken photo upload.", ["update_ticket", "delete_photo"], "auto"),
 ]
 MAX_STEPS_PER_TURN = 2    # model requests per turn in auto mode (a call, its result, maybe one more)
-
-TENANT, SUBJECT = "acme", "alice"   # from your own authentication, never from the model
-
-
-# ----------------------------------------------------------------------------- the application
-
-
-def fake_handler(name: str) -> Callable[[dict[str, Any], Invocation], Any]:
-    """A local stand-in for the real tool: it only reports what it was asked to do."""
-    def handle(arguments: dict[str, Any], invocation: Invocation) -> dict[str, Any]:
-        return {"ok": True, "tool": name, "done_for": invocation.subject, **arguments}
-    return handle
-
-
-def authorize(invocation: Invocation):
-    """The application's own rules, with the caller's identity and the parsed arguments."""
-    if invocation.name == "delete_photo" and invocation.subject != "admin":
-        return deny("only admins may delete photos")
-    return allow()
-
-
-def build_dispatcher(grants: InMemoryGrantChecker) -> Dispatcher:
-    return Dispatcher({name: fake_handler(name) for name in CATALOG}, authorize=authorize,
-                      gated=["send_email"], grants=grants)
-
-
-@dataclass
-class CallRecord:
-    name: str
-    arguments: str
-    ok: bool
-    code: str | None       # the refusal's code, None when the call ran
-    output: str            # what was sent back to the model
-
 
 @dataclass
 class TurnRecord:
@@ -203,7 +163,7 @@ async def run_async(base_url: str, *, model: str = "tiny", api_key: str = "local
                          http_client=httpx.AsyncClient(event_hooks={"request": [sent]}))
     session = f"session-{uuid.uuid4().hex[:8]}"
     grants = InMemoryGrantChecker()
-    state = AppState(build_dispatcher(grants), sent, session, out=out)
+    state = AppState(build_dispatcher(CATALOG, grants), sent, session, out=out)
     sent.listeners.append(lambda body: state.record.tool_choices.append(body.get("tool_choice")))
     agent = Agent(name="assistant", instructions="You are a helpful agent.",
                   model=OpenAIResponsesModel(model=model, openai_client=client),

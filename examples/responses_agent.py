@@ -24,16 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_app import SUBJECT, TENANT, CallRecord, build_dispatcher
 from openai import OpenAI
 
-from vllm_allowed_tools.dispatch import (
-    Dispatcher,
-    InMemoryGrantChecker,
-    Invocation,
-    TurnContext,
-    allow,
-    deny,
-)
+from vllm_allowed_tools.dispatch import InMemoryGrantChecker, TurnContext
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 # The catalog: sent unchanged every turn.
@@ -57,40 +51,6 @@ TURNS = [
 ]
 MAX_STEPS_PER_TURN = 2    # model requests per turn (a call, its result, maybe one more)
 
-TENANT, SUBJECT = "acme", "alice"   # from your own authentication, never from the model
-
-
-# ----------------------------------------------------------------------------- the application
-
-
-def fake_handler(name: str) -> Callable[[dict[str, Any], Invocation], Any]:
-    """A local stand-in for the real tool: it only reports what it was asked to do."""
-    def handle(arguments: dict[str, Any], invocation: Invocation) -> dict[str, Any]:
-        return {"ok": True, "tool": name, "done_for": invocation.subject, **arguments}
-    return handle
-
-
-def authorize(invocation: Invocation):
-    """The application's own rules, with the caller's identity and the parsed arguments."""
-    if invocation.name == "delete_photo" and invocation.subject != "admin":
-        return deny("only admins may delete photos")
-    return allow()
-
-
-def build_dispatcher(grants: InMemoryGrantChecker) -> Dispatcher:
-    return Dispatcher({name: fake_handler(name) for name in CATALOG}, authorize=authorize,
-                      gated=["send_email"], grants=grants)
-
-
-@dataclass
-class CallRecord:
-    name: str
-    arguments: str
-    ok: bool
-    code: str | None       # the refusal's code, None when the call ran
-    output: str            # what was sent back to the model
-
-
 @dataclass
 class TurnRecord:
     index: int
@@ -110,7 +70,7 @@ def run(base_url: str, *, model: str = "tiny", api_key: str = "local",
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     session = f"session-{uuid.uuid4().hex[:8]}"
     grants = InMemoryGrantChecker()
-    dispatcher = build_dispatcher(grants)
+    dispatcher = build_dispatcher(CATALOG, grants)
     tools = [POOL_BY_NAME[name].responses_tool() for name in CATALOG]
     history: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
     records: list[TurnRecord] = []

@@ -13,6 +13,8 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
 def load_example(name: str):
+    if str(EXAMPLES) not in sys.path:   # the examples share examples/agent_app.py, as scripts do
+        sys.path.insert(0, str(EXAMPLES))
     spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module   # dataclasses look their module up while the file executes

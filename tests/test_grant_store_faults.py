@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from vllm_allowed_tools.approvals import (
 from vllm_allowed_tools.approvals.store import store_timeout_from_env
 from vllm_allowed_tools.approvals.wire import ApprovalStream, ResponseApprovals
 from vllm_allowed_tools.policy import FunctionSpec, ToolIdentity, resolve_policy
+from vllm_allowed_tools.testing.store_faults import sqlite_locked
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 GATED, FREE = "send_email", "get_weather"
@@ -138,27 +137,13 @@ def test_an_empty_database_in_its_place_is_not_a_grant_store(store_dir: Path) ->
     assert info.value.cause == "not_a_grant_store"
 
 
-HOLD_LOCK = """
-import sqlite3, sys, time
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("UPDATE grants SET revoked_reason = revoked_reason")
-print("locked", flush=True)
-sys.stdin.readline()
-conn.execute("ROLLBACK")
-"""
-
-
 def test_store_locked_by_another_process_fails_closed_then_recovers(store_dir: Path) -> None:
     db = store_dir / "grants.db"
     engine = _engine(db, timeout=0.5)
     granted = engine.propose(_call(GATED), principal="alice", session="s1")
     [grant] = engine.resolve_all([_accept(granted)], principal="alice", session="s1")
     asked = engine.propose(_call(GATED, "c2"), principal="bob", session="s2")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(db)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with sqlite_locked(db):
         started = time.monotonic()
         with pytest.raises(GrantStoreUnavailable) as info:   # recording an elicitation: a write
             engine.propose(_call(GATED, "c3"), principal="carol", session="s3")
@@ -169,8 +154,6 @@ def test_store_locked_by_another_process_fails_closed_then_recovers(store_dir: P
         # reads still work in WAL mode: a live grant still releases (it is not a widening)
         out = engine.propose(_call(GATED, "c4"), principal="alice", session="s1")
         assert isinstance(out, Release) and out.grant_id == grant.grant_id
-    finally:
-        holder.communicate("\n", timeout=30)
     assert _statuses(db)[asked.id] == "pending", "the failed consumption left nothing behind"
     [released] = engine.resolve_all([_accept(asked, rid="r2")], principal="bob", session="s2")
     assert isinstance(released, Release)

@@ -346,6 +346,18 @@ class _SQLStore:
     #: called inside every write transaction just before COMMIT (tests use it to kill a writer there)
     before_commit: Callable[[], None] | None = None
 
+    def _drop(self) -> None:
+        """Forget this thread's connection (it is reopened, and re-checked, on the next call).
+        Subclasses keep ``_local`` (conn, pid), ``_all`` and ``_all_lock``."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None and self._local.pid == os.getpid():
+            with self._all_lock:
+                if conn in self._all:
+                    self._all.remove(conn)
+            with contextlib.suppress(Exception):   # a broken connection may fail to close
+                conn.close()
+
     def _tx(self) -> Any:  # context manager yielding a cursor-like object with execute/fetch*
         raise NotImplementedError
 
@@ -537,19 +549,6 @@ class SQLiteGrantStore(_SQLStore):
             raise self._unavailable("io_error", f"cannot stat the database file: {exc}") from exc
         return st.st_dev, st.st_ino
 
-    def _drop(self) -> None:
-        """Forget this thread's connection (it is reopened, and re-checked, on the next call)."""
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None and self._local.pid == os.getpid():
-            with self._all_lock:
-                if conn in self._all:
-                    self._all.remove(conn)
-            try:
-                conn.close()
-            except sqlite3.Error:
-                pass
-
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is not None and self._local.pid == os.getpid():
@@ -707,16 +706,6 @@ class PostgresGrantStore(_SQLStore):
         with self._all_lock:
             self._all.append(conn)
         return conn
-
-    def _drop(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None and self._local.pid == os.getpid():
-            with self._all_lock:
-                if conn in self._all:
-                    self._all.remove(conn)
-            with contextlib.suppress(Exception):   # a broken connection may fail to close
-                conn.close()
 
     def _translate(self, exc: BaseException) -> BaseException:
         import psycopg
