@@ -1666,16 +1666,18 @@ def table(fuzz: Figures | None, load: Figures | None, faults: Figures | None) ->
 
 
 def approvals_table(outage: Figures | None, kill: Figures | None) -> str:
-    rows = [("| fault | requests tried | 4xx | 5xx | gated calls leaked while the store was down | "
+    rows = [("| fault | requests tried | 4xx | 503 `grant_store_unavailable` (the fail-closed "
+             "answer) | other 5xx | gated calls leaked while the store was down | "
              "grants acknowledged | grants lost after kill | problems | details |"),
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     if outage:
         c = outage.counts
         kinds = [k.split(":")[0] for k in c if k.endswith(":tried")]
         per = ", ".join(f"{k} {c[k + ':refused']}/{c[k + ':tried']}" for k in kinds)
         rows.append(
             f"| grant store unavailable ({', '.join(kinds)}) | {c['outage_tried']} | "
-            f"{c['outage_4xx']} | {c['outage_5xx']} | {c['gated_leaked']} | - | - | "
+            f"{c['outage_4xx']} | {c['outage_5xx'] - c['outage_5xx_other']} | "
+            f"{c['outage_5xx_other']} | {c['gated_leaked']} | - | - | "
             f"{len(outage.problems)} | refused as store-down (503 `grant_store_unavailable`, or "
             f"`response.failed` with it in a started stream) {c['outage_refused_store_down']} "
             f"({per}); other 5xx {c['outage_5xx_other']}; gated turns without any call "
@@ -1686,7 +1688,7 @@ def approvals_table(outage: Figures | None, kill: Figures | None) -> str:
         c = kill.counts
         rows.append(
             f"| API server process group SIGKILLed x {c['kills']}, restarted on the same SQLite "
-            f"store | {c['kill_requests']} | - | - | - | {c['grants_acknowledged']} | "
+            f"store | {c['kill_requests']} | - | - | - | - | {c['grants_acknowledged']} | "
             f"{c['grants_lost']} | {len(kill.problems)} | found after restart "
             f"{c['grants_found_after_restart']}, usable {c['grants_usable_after_restart']}; "
             f"answers in flight at the kill {c['kill_answers_in_flight_at_kill']} (grants stored "
