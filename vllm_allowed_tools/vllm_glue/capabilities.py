@@ -129,9 +129,16 @@ def _on_cpu(environ: dict[str, str]) -> bool:
 _ACTIVE_STAGE: str | None = None
 
 
+def activate(capabilities: "ServerCapabilities") -> None:
+    """Record the stage this API server process serves with (the middleware does, at start-up);
+    the parser wrappers, built by vLLM without arguments, read it back."""
+    global _ACTIVE_STAGE
+    _ACTIVE_STAGE = capabilities.constraint_stage
+
+
 def active_constraint_stage() -> str:
-    """The stage this API server process chose at start-up (resolved on first use where no
-    middleware was built, e.g. a parser used on its own)."""
+    """The stage this API server process chose at start-up (resolved from the command line on
+    first use where no middleware was built)."""
     global _ACTIVE_STAGE
     if _ACTIVE_STAGE is None:
         _ACTIVE_STAGE = check_server_args(sys.argv).constraint_stage
@@ -177,7 +184,5 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
             f"that renders `{TEMPLATE_KWARG}` (mode, names) after the last message, or opt in to "
             f"catalog filtering with {FALLBACK_ENV}={FALLBACK_FILTER} (breaks prompt-cache reuse "
             "when the subset changes)", capability="chat_template", status=500)
-    global _ACTIVE_STAGE
-    _ACTIVE_STAGE = stage
     return ServerCapabilities(template=origin, template_renders_policy=renders_policy, constraint_stage=stage,
                               filter_catalog=renders_policy is False and fallback == FALLBACK_FILTER)

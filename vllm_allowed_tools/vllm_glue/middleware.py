@@ -287,9 +287,10 @@ class AllowedToolsMiddleware:
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         import sys
 
-        from .capabilities import check_server_args
+        from .capabilities import activate, check_server_args
         # fail at start-up, not per request, when we could not enforce
         self.capabilities = check_server_args(sys.argv)
+        activate(self.capabilities)
         from ..approvals import engine_from_env
         self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
         self.app = app
