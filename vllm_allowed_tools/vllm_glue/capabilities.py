@@ -10,6 +10,7 @@ and how to fix it, instead of serving requests whose allowlist would be silently
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -134,6 +135,9 @@ def activate(capabilities: "ServerCapabilities") -> None:
     the parser wrappers, built by vLLM without arguments, read it back."""
     global _ACTIVE_STAGE
     _ACTIVE_STAGE = capabilities.constraint_stage
+    # under vLLM's own logger, so the line shows with vLLM's start-up messages
+    logging.getLogger("vllm.allowed_tools").info(
+        "vllm-allowed-tools: allowed-tools grammars are applied by the %s stage", _ACTIVE_STAGE)
 
 
 def active_constraint_stage() -> str:
