@@ -322,5 +322,8 @@ def test_cpu_mask_matches_the_bitmask_semantics(grammars, vocab, rows, data):
         for token in range(vocab):
             if not (int(batch._bitmask[row, token // 32]) >> (token % 32)) & 1:
                 expected[row, token] = float("-inf")
-    batch._apply_on_cpu(logits, [row for row in indices if not batch._allows_everything(row)], vocab)
+    masked = [row for row in indices if not batch._allows_everything(row)]
+    assert batch._not_open(list(indices)) == masked
+    if masked:
+        batch._apply_on_cpu(logits, masked, vocab)
     assert torch.equal(logits, expected)
