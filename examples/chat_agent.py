@@ -14,31 +14,27 @@ the handlers are local fakes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent_app import SUBJECT, TENANT, CallRecord, build_dispatcher
+from agent_app import (
+    CATALOG,
+    SUBJECT,
+    TENANT,
+    CallRecord,
+    Turn,
+    build_dispatcher,
+    run_from_command_line,
+)
 from openai import OpenAI
 
 from vllm_allowed_tools.dispatch import InMemoryGrantChecker, TurnContext
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
-# The catalog: sent unchanged every turn.
-CATALOG = ["get_weather", "read_file", "send_email", "create_calendar", "search_note",
-           "update_ticket", "get_contact", "delete_photo"]
-
-
-@dataclass(frozen=True)
-class Turn:
-    ask: str
-    allowed: list[str]   # this turn's subset of CATALOG
-    mode: str            # "auto" (text or an allowed call) or "required" (an allowed call)
-
-
+# This conversation's turns: the allowed subset changes, the catalog does not.
 TURNS = [
     Turn("Who is my contact in Paris?", ["get_contact", "search_note"], "required"),
     Turn("What's the weather there on Monday?", ["get_weather"], "required"),
@@ -46,6 +42,7 @@ TURNS = [
     Turn("Add a calendar entry for Friday.", ["create_calendar"], "required"),
 ]
 MAX_STEPS_PER_TURN = 2    # model requests per turn (a call, its result, maybe one more)
+
 
 @dataclass
 class TurnRecord:
@@ -120,16 +117,7 @@ def run(base_url: str, *, model: str = "tiny", api_key: str = "local",
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base-url", required=True, help="the server's /v1 URL")
-    parser.add_argument("--model", default="tiny", help="served model name (default: tiny)")
-    parser.add_argument("--api-key", default="local")
-    args = parser.parse_args(argv)
-    records = run(args.base_url, model=args.model, api_key=args.api_key)
-    calls = [call for record in records for call in record.calls]
-    print(f"\n{len(calls)} calls, {sum(c.ok for c in calls)} ran, "
-          f"{sum(not c.ok for c in calls)} refused")
-    return 0
+    return run_from_command_line(run, __doc__, argv)
 
 
 if __name__ == "__main__":
