@@ -361,6 +361,21 @@ class _SQLStore:
     def _tx(self) -> Any:  # context manager yielding a cursor-like object with execute/fetch*
         raise NotImplementedError
 
+    def _translate(self, exc: BaseException) -> BaseException:
+        """The store's own error for a driver error (``exc`` itself when it is not one)."""
+        return exc
+
+    @contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """Driver errors leave the store as its own errors (GrantStoreUnavailable), others as is."""
+        try:
+            yield
+        except BaseException as exc:
+            translated = self._translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
+
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         raise NotImplementedError
 
@@ -608,28 +623,22 @@ class SQLiteGrantStore(_SQLStore):
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Cursor]:
-        try:
+        with self._store_errors():
             conn = self._conn()
             cur = conn.cursor()
             cur.execute("BEGIN IMMEDIATE")
-        except BaseException as exc:
-            translated = self._translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
         try:
-            yield cur
-            cur.execute("COMMIT")
-        except BaseException as exc:
-            try:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            translated = self._translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
+            with self._store_errors():
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                except BaseException:
+                    try:
+                        if conn.in_transaction:
+                            conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                    raise
         finally:
             try:
                 cur.close()
@@ -637,13 +646,8 @@ class SQLiteGrantStore(_SQLStore):
                 pass
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:
+        with self._store_errors():
             return self._conn().execute(sql, tuple(params)).fetchall()
-        except BaseException as exc:
-            translated = self._translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
 
     def close(self) -> None:
         """Close every connection this process opened (other threads must be done with it)."""
@@ -729,26 +733,16 @@ class PostgresGrantStore(_SQLStore):
 
     @contextmanager
     def _tx(self) -> Iterator[Any]:
-        try:
+        with self._store_errors():
             conn = self._conn()
             with conn.transaction(), conn.cursor() as raw:
                 yield _PgCursor(raw, self._sql)
-        except BaseException as exc:
-            translated = self._translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        try:
+        with self._store_errors():
             with self._conn().cursor() as cur:
                 cur.execute(self._sql(sql), tuple(params))
                 return cur.fetchall()
-        except BaseException as exc:
-            translated = self._translate(exc)
-            if translated is exc:
-                raise
-            raise translated from exc
 
     def close(self) -> None:
         with self._all_lock:
