@@ -220,7 +220,6 @@ class MaskedBatch:
         """Mask each constrained row of ``logits`` ([rows, vocab]) in place."""
         if not self.rows:
             return logits
-        import xgrammar as xgr
         batch = logits.shape[0]
         indices = [row for row in self.rows if row < batch]
         if not indices:
@@ -230,7 +229,7 @@ class MaskedBatch:
         for row in indices:
             state = self.rows[row]
             if state.failed or state.matcher.is_terminated():
-                self._stop_only(bitmask, row, state)
+                self._stop_only(row, state)
                 masked.append(row)
             else:
                 live_rows.append(row)
@@ -247,6 +246,7 @@ class MaskedBatch:
         if logits.device.type == "cpu":
             self._apply_on_cpu(logits, masked, vocab)
         else:
+            import xgrammar as xgr
             xgr.apply_token_bitmask_inplace(logits, bitmask[:batch].to(logits.device, non_blocking=True),
                                             vocab_size=vocab, indices=masked)
         return logits
@@ -257,16 +257,9 @@ class MaskedBatch:
             self._batch_filler = xgr.BatchGrammarMatcher()
         return self._batch_filler
 
-    def _allows_everything(self, row: int) -> bool:
-        """True when the row's mask has every bit set (free text in auto mode): nothing to apply."""
-        words = self._words[row]
-        full, tail = divmod(self.vocab_size, 32)
-        if words[:full].min(initial=-1) != -1 or words[:full].max(initial=-1) != -1:
-            return False
-        return not tail or int(words[full]) & ((1 << tail) - 1) == (1 << tail) - 1
-
     def _not_open(self, rows: list[int]) -> list[int]:
-        """The rows whose mask refuses something (vectorised :meth:`_allows_everything`)."""
+        """The rows whose mask refuses something: a row with every bit set (free text in auto
+        mode) needs no masking."""
         import numpy as np
         words = self._words[rows]
         full, tail = divmod(self.vocab_size, 32)
@@ -295,7 +288,7 @@ class MaskedBatch:
             index = torch.tensor(list(rows))
             logits[index, :vocab] = logits[index, :vocab].masked_fill(refused, float("-inf"))
 
-    def _stop_only(self, bitmask: Any, row: int, state: _Row) -> None:
+    def _stop_only(self, row: int, state: _Row) -> None:
         """Only the request's stop tokens (a finished grammar, or one that refused a token); the
         row is built once per set of stop tokens and copied in."""
         import numpy as np

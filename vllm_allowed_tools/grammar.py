@@ -263,9 +263,20 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
         return None
     functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict)
                  for spec in policy.allowed_specs]
-    key = GrammarKey(wire_format=wire_format, catalog_digest=policy.catalog_digest,
-                     allowlist_digest=policy.allowlist_digest, mode=policy.mode,
-                     parallel_tool_calls=policy.parallel_tool_calls,
+    return turn_tag(wire_format, functions, catalog_digest=policy.catalog_digest,
+                    allowlist_digest=policy.allowlist_digest, mode=policy.mode,
+                    parallel_tool_calls=policy.parallel_tool_calls, strict_level=strict_level,
+                    max_whitespace=max_whitespace)
+
+
+def turn_tag(wire_format: str, functions: Sequence[AllowedFunction], *, catalog_digest: str,
+             allowlist_digest: str, mode: Mode, parallel_tool_calls: bool,
+             strict_level: int = STRICT_FUNCTION, max_whitespace: int | None = None) -> BuiltTag | None:
+    """The cached tag for one turn's allowed ``functions``: the key is the policy digests plus the
+    functions' ``strict`` flags (which the catalog digest leaves out); a miss builds from them."""
+    key = GrammarKey(wire_format=wire_format, catalog_digest=catalog_digest,
+                     allowlist_digest=allowlist_digest, mode=mode,
+                     parallel_tool_calls=parallel_tool_calls,
                      strict_names=frozenset(f.name for f in functions if f.strict is True),
                      strict_level=strict_level, max_whitespace=max_whitespace)
     return allowed_subset_tag(key, lambda: functions)

@@ -31,11 +31,10 @@ from ..grammar import (
     WIRE_FORMATS,
     AllowedFunction,
     BuiltTag,
-    GrammarKey,
-    allowed_subset_tag,
     built,
     cap_json_whitespace,
     tag_digest,
+    turn_tag,
 )
 from ..metrics import record_violation
 from ..rewrite import POLICY_KEY, WirePolicy
@@ -94,9 +93,9 @@ class AllowedToolsMixin:
         if self.structural_tag_model is None:
             return None
         if self.allowed_tools_base_parser in WIRE_FORMATS:
-            built = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
-                                        max(strict_level, ToolStrictLevel.FUNCTION))
-            return built.tag if built is not None else None
+            subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
+                                             max(strict_level, ToolStrictLevel.FUNCTION))
+            return subset_tag.tag if subset_tag is not None else None
         from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
         tag = get_model_structural_tag(
             model=self.structural_tag_model, tools=request.tools,
@@ -221,20 +220,13 @@ def _allowed_functions(request, policy: WirePolicy) -> list[AllowedFunction]:
     return functions
 
 
-def _strict_names(request, policy: WirePolicy) -> frozenset[str]:
-    """Allowed functions marked ``strict: true`` (the catalog digest leaves ``strict`` out)."""
-    return frozenset(function.name for function in _allowed_functions(request, policy)
-                     if function.strict is True)
-
-
 def _allowed_subset_tag(wire_format: str, request, policy: WirePolicy, strict_level) -> BuiltTag | None:
-    """The cached tag for this (catalog, subset, mode, parallel) turn (see grammar.GrammarKey)."""
-    key = GrammarKey(wire_format=wire_format, catalog_digest=policy.catalog_digest,
-                     allowlist_digest=policy.allowlist_digest, mode=policy.mode,  # type: ignore[arg-type]
-                     parallel_tool_calls=policy.parallel_tool_calls,
-                     strict_names=_strict_names(request, policy), strict_level=int(strict_level),
-                     max_whitespace=_max_json_whitespace())
-    return allowed_subset_tag(key, lambda: _allowed_functions(request, policy))
+    """The cached tag for this turn (see grammar.turn_tag)."""
+    return turn_tag(wire_format, _allowed_functions(request, policy),
+                    catalog_digest=policy.catalog_digest, allowlist_digest=policy.allowlist_digest,
+                    mode=policy.mode,  # type: ignore[arg-type]
+                    parallel_tool_calls=policy.parallel_tool_calls, strict_level=int(strict_level),
+                    max_whitespace=_max_json_whitespace())
 
 
 def _hand_grammar_to_logits_processor(request) -> None:
