@@ -107,32 +107,31 @@ def test_decline_reaches_the_model_as_the_calls_result(engine):
     assert "not now" in prepared.body["input"][2]["output"]
 
 
-def test_another_principal_cannot_answer(engine):
-    body = _body()
+def _accepted_follow_up(engine, scope: str) -> dict:
+    """Alice's next request after the server asked about a gated call and she accepted it."""
     response = {"object": "response", "output": [_call(GATED, "c1")]}
-    _approvals(engine, body).apply_to_response(response)
-    answer = {"id": "er_1", "type": "elicitation_response",
-              "elicitation_id": response["output"][0]["id"], "action": "accept", "scope": "once"}
-    follow = _body(answer)
+    _approvals(engine, _body()).apply_to_response(response)
+    return _body({"id": "er_1", "type": "elicitation_response",
+                  "elicitation_id": response["output"][0]["id"], "action": "accept",
+                  "scope": scope})
+
+
+def test_another_principal_cannot_answer(engine):
+    follow = _accepted_follow_up(engine, "once")
     with pytest.raises(ApprovalInputError):
         prepare_request(engine, follow, principal="mallory", session="s1",
                         catalog=resolve_policy(follow, "responses"))
 
 
 def test_session_grant_releases_later_calls_in_that_session_only(engine):
-    body = _body()
-    first = {"object": "response", "output": [_call(GATED, "c1")]}
-    _approvals(engine, body).apply_to_response(first)
-    answer = {"id": "er_1", "type": "elicitation_response",
-              "elicitation_id": first["output"][0]["id"], "action": "accept", "scope": "session"}
-    follow = _body(answer)
+    follow = _accepted_follow_up(engine, "session")
     assert prepare_request(engine, follow, principal="alice", session="s1",
                            catalog=resolve_policy(follow, "responses")).direct_output
     later = {"object": "response", "output": [_call(GATED, "c2")]}
-    _approvals(engine, body).apply_to_response(later)
+    _approvals(engine, _body()).apply_to_response(later)
     assert later["output"][0]["type"] == "function_call"        # the live session grant
     elsewhere = {"object": "response", "output": [_call(GATED, "c3")]}
-    _approvals(engine, body, session="s2").apply_to_response(elsewhere)
+    _approvals(engine, _body(), session="s2").apply_to_response(elsewhere)
     assert elsewhere["output"][0]["type"] == "elicitation"      # another session asks again
 
 
