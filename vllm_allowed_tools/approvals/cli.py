@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -49,6 +50,19 @@ def _table(grants: Sequence[Grant], now: float) -> str:
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
 
 
+def _days(text: str) -> float:
+    """An ``--older-than-days`` value: a finite number >= 0. A negative age would put the cut-off
+    in the future and purge every closed record and dead grant at once, so it is a usage error."""
+    try:
+        days = float(text)
+    except ValueError:
+        days = math.nan
+    if not math.isfinite(days) or days < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of days >= 0 (0 purges everything already closed), got {text!r}")
+    return days
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.approvals.cli",
                                      description="List and revoke tool-call approval grants.")
@@ -64,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("grant_id")
     rv.add_argument("--reason", help="recorded with the revocation")
     pg = sub.add_parser("purge", help="delete old closed elicitations and dead grants")
-    pg.add_argument("--older-than-days", type=float, required=True)
+    pg.add_argument("--older-than-days", type=_days, required=True, metavar="DAYS",
+                    help="only rows closed (resolved, expired, revoked) more than DAYS ago (>= 0)")
     return parser
 
 
