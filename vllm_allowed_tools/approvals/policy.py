@@ -27,9 +27,22 @@ The same structure as JSON: ``{"default_approval": "none", "rules": [{"tools": [
 
 Decisions:
 
-* Tools are matched by their **canonical identity's flat name** (``name``, or ``namespace__name`` for
-  a Responses namespace member, exactly what the model sees), with :func:`fnmatch.fnmatchcase`
-  globs (``*``, ``?``, ``[...]``; case-sensitive on every OS). Names are never split on ``__``.
+* How a rule's ``tools`` globs (:func:`fnmatch.fnmatchcase`: ``*``, ``?``, ``[...]``; case-sensitive
+  on every OS) match a tool of **canonical identity** ``(namespace, name)``:
+
+  - every pattern is matched against the tool's **flat name** (``name``, or ``namespace__name`` for
+    a Responses namespace member, exactly what the model sees): ``crm__*`` is anything in namespace
+    ``crm``, ``mcp__computer_use`` the top-level tool of that name (names are never split on ``__``);
+  - a rule with ``approval = "required"`` whose pattern has no ``__`` also matches the **bare name**
+    of a tool in any namespace: ``send_email`` gates ``mail__send_email`` too, so a client cannot
+    dodge a rule by putting the tool in a namespace. A pattern with ``__`` names a namespace (or a
+    top-level name with ``__``) and matches only there;
+  - a rule with ``approval = "none"`` matches only flat names: it never lifts an approval from a
+    namespaced tool it does not name (``get_*`` frees top-level getters; write ``crm__get_*`` or
+    ``*__get_*`` to free namespaced ones).
+
+  So, compared with matching flat names alone, more calls can need approval, never fewer (when two
+  rules requiring approval match, the first in order decides scopes and expiry, as always).
 * Rules are checked **in order; the first rule whose globs match decides** (like a firewall), so an
   operator can write exceptions before a catch-all. No rule matches: ``default_approval``, with the
   top-level ``scopes`` / ``expires_in`` / ``bind_arguments``.
@@ -60,7 +73,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..policy import FunctionSpec, ToolIdentity
+from ..policy import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity
 from .errors import ApprovalInputError, PolicyFileError
 
 __all__ = [
@@ -88,7 +101,7 @@ _APPROVAL_VALUES = ("required", "none")
 
 @dataclass(frozen=True)
 class Rule:
-    """One ``[[rules]]`` entry: globs over flat names and what applies to the tools they match."""
+    """One ``[[rules]]`` entry: globs over tool names and what applies to the tools they match."""
 
     tools: tuple[str, ...]
     required: bool
@@ -98,8 +111,20 @@ class Rule:
     message: str | None = None  # shown in the elicitation's message, before the standard text
     index: int = 0
 
-    def matches(self, flat_name: str) -> bool:
-        return any(fnmatch.fnmatchcase(flat_name, pattern) for pattern in self.tools)
+    def matches(self, tool: ToolIdentity | str) -> bool:
+        """Whether a pattern matches ``tool`` (see the module docstring). A plain string is a flat
+        name of unknown origin and is matched as a top-level name, as before identities existed."""
+        identity = tool if isinstance(tool, ToolIdentity) else ToolIdentity(None, tool)
+        return any(self._pattern_matches(pattern, identity) for pattern in self.tools)
+
+    def _pattern_matches(self, pattern: str, identity: ToolIdentity) -> bool:
+        if fnmatch.fnmatchcase(identity.flat_name, pattern):
+            return True
+        # only a rule that requires approval reaches into namespaces it does not name: bare-name
+        # matching may add a requirement, never lift one
+        return (self.required and identity.namespace is not None
+                and NAMESPACE_SEPARATOR not in pattern
+                and fnmatch.fnmatchcase(identity.name, pattern))
 
 
 @dataclass(frozen=True)
@@ -152,9 +177,10 @@ class ApprovalPolicy:
         """Every tool needs approval (a convenient default for tests and strict deployments)."""
         return cls(default_required=True, scopes=tuple(scopes))
 
-    def rule_for(self, flat_name: str) -> Rule | None:
+    def rule_for(self, tool: ToolIdentity | str) -> Rule | None:
+        """The first rule matching ``tool`` (an identity; a string is matched as a top-level name)."""
         for rule in self.rules:
-            if rule.matches(flat_name):
+            if rule.matches(tool):
                 return rule
         return None
 
@@ -163,13 +189,17 @@ class ApprovalPolicy:
                   hint_param: str = "approval") -> EffectiveApproval:
         """The approval that applies to ``tool`` (a spec, an identity or a flat name).
 
+        Pass the spec or identity of a namespaced tool: a bare flat-name string is matched as a
+        top-level name, so rules requiring approval by bare name would not reach it.
+
         ``hint`` is the tool definition's ``approval`` object (see :func:`approval_hint`), or None. It
         can only tighten the operator's rule; a malformed hint raises :class:`ApprovalInputError`
         (HTTP 400) whose ``param`` is ``hint_param`` plus the key, so the glue can point at
         ``tools[3].approval.scopes``.
         """
-        flat_name = _flat_name(tool)
-        rule = self.rule_for(flat_name)
+        identity = _identity(tool)
+        flat_name = identity.flat_name
+        rule = self.rule_for(identity)
         if rule is None:
             required, scopes, expires_in = self.default_required, self.scopes, self.expires_in
             bind, message, source = self.bind_arguments, None, "default"
@@ -205,11 +235,14 @@ class ApprovalPolicy:
                                  message=message, source=source)
 
 
-def _flat_name(tool: FunctionSpec | ToolIdentity | str) -> str:
+def _identity(tool: FunctionSpec | ToolIdentity | str) -> ToolIdentity:
+    """The identity rules match on; a string (a flat name) counts as a top-level tool."""
     if isinstance(tool, str):
+        return ToolIdentity(None, tool)
+    if isinstance(tool, FunctionSpec):
+        return tool.identity
+    if isinstance(tool, ToolIdentity):
         return tool
-    if isinstance(tool, (FunctionSpec, ToolIdentity)):
-        return tool.flat_name
     raise TypeError(f"expected a FunctionSpec, ToolIdentity or flat name, got {type(tool).__name__}")
 
 

@@ -380,7 +380,8 @@ class WithoutGated:
             name = fn.get("name") if isinstance(fn, Mapping) else None
             if isinstance(name, str):
                 try:
-                    required = engine.policy.effective(name, approval_hint(tool)).required
+                    required = engine.policy.effective(ToolIdentity(None, name),
+                                                       approval_hint(tool)).required
                 except Exception:   # a malformed hint: fail closed
                     required = True
                 if required:
