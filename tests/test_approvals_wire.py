@@ -83,12 +83,21 @@ def test_accept_releases_exactly_the_recorded_call_without_the_model(engine):
     assert prepared.direct_output is not None
     [released] = prepared.direct_output
     assert released["call_id"] == "c1" and released["arguments"] == elicitation["arguments"]
-    # the same follow-up again (history replayed): nothing is released a second time
-    again = prepare_request(engine, follow, principal="alice", session="s1",
-                            catalog=resolve_policy(follow, "responses"))
+    # the same follow-up again without the released call (a lost reply, a retry): the same call,
+    # identical item
+    retried = prepare_request(engine, follow, principal="alice", session="s1",
+                              catalog=resolve_policy(follow, "responses"))
+    assert retried.direct_output == prepared.direct_output
+    # the history kept (the released call and its output follow): nothing is released again
+    kept = _body(*follow["input"], released,
+                 {"type": "function_call_output", "call_id": "c1", "output": "sent"})
+    again = prepare_request(engine, kept, principal="alice", session="s1",
+                            catalog=resolve_policy(kept, "responses"))
     assert again.direct_output is None
     assert all(item.get("type") not in ("elicitation", "elicitation_response")
                for item in again.body["input"])
+    assert [item.get("type", "message") for item in again.body["input"]] == \
+        ["message", "function_call", "function_call_output"]
 
 
 def test_decline_reaches_the_model_as_the_calls_result(engine):
@@ -195,3 +204,128 @@ def test_approval_hints_are_stripped_for_vllm_and_direct_responses_validate():
     adapter = TypeAdapter(ResponseStreamEvent)
     for event in direct_events(response):
         adapter.validate_python(event)
+
+
+# --------------------------------------------------------------------------------------------------
+# answering an elicitation: idempotent accepts, and only what this turn could call
+
+
+def _prepare(engine, body, principal="alice", session="s1"):
+    return prepare_request(engine, body, principal=principal, session=session,
+                           catalog=resolve_policy(body, "responses"))
+
+
+def test_a_retried_accept_returns_identical_items_and_mints_no_second_grant(engine):
+    follow = _accepted_follow_up(engine, "session")
+    first = _prepare(engine, follow).direct_output
+    [call] = first
+    assert call["id"].startswith("fc_") and call["type"] == "function_call"
+    # an SDK retry (the identical body), and a rebuilt answer under a new response id
+    rebuilt = _body({**follow["input"][0], "id": "er_2"})
+    for body in (follow, follow, rebuilt):
+        assert _prepare(engine, body).direct_output == first   # same item id, call_id, arguments
+    assert len(engine.store.list_grants(include_inactive=True, now=0)) == 1
+    # with the released call in the history: a no-op, the model is asked as usual
+    kept = _body(*follow["input"], call, {"type": "function_call_output",
+                                          "call_id": call["call_id"], "output": "sent"})
+    assert _prepare(engine, kept).direct_output is None
+    # a different answer to the accepted elicitation: 409
+    answer = {k: v for k, v in follow["input"][0].items() if k != "scope"}
+    for other in ({"action": "decline", "id": "er_3"}, {"action": "accept", "scope": "always"},
+                  {"action": "accept", "scope": "once", "id": "er_1"}):
+        changed = _body({**answer, **other})
+        with pytest.raises(ApprovalInputError) as error:
+            _prepare(engine, changed)
+        assert error.value.status == 409 and error.value.code == "elicitation_consumed"
+
+
+def test_two_threads_racing_the_same_accept_get_the_same_release(engine):
+    import threading
+    follow = _accepted_follow_up(engine, "session")
+    barrier, results = threading.Barrier(2), []
+
+    def worker():
+        barrier.wait()
+        results.append(_prepare(engine, follow).direct_output)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 2 and results[0] == results[1] and len(results[0]) == 1
+    assert len(engine.store.list_grants(include_inactive=True, now=0)) == 1
+
+
+def test_a_race_lost_to_another_answer_is_a_409(engine):
+    follow = _accepted_follow_up(engine, "once")
+    answer = follow["input"][0]
+    consume = engine.store.consume
+
+    def accept_wins_first(elicitation_id, **kw):   # the accept lands between check and consume
+        engine.store.consume = consume
+        assert _prepare(engine, follow).direct_output
+        return consume(elicitation_id, **kw)
+
+    engine.store.consume = accept_wins_first
+    declined = _body({**{k: v for k, v in answer.items() if k != "scope"}, "id": "er_9",
+                      "action": "decline"})
+    with pytest.raises(ApprovalInputError) as error:
+        _prepare(engine, declined)
+    assert error.value.status == 409 and error.value.param == "input[0].elicitation_id"
+
+
+NOT_THIS_TURN = {
+    "tool_choice none": {"tool_choice": "none"},
+    "allowlist without the tool": {"tool_choice": {
+        "type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": FREE}]}},
+    "named choice of another tool": {"tool_choice": {"type": "function", "name": FREE}},
+    "no tools": {"tools": None},
+}
+
+
+@pytest.mark.parametrize("change", NOT_THIS_TURN.values(), ids=NOT_THIS_TURN.keys())
+def test_an_accept_this_turn_cannot_make_is_a_400_and_stays_answerable(engine, change):
+    follow = _accepted_follow_up(engine, "session")
+    elicitation_id = follow["input"][0]["elicitation_id"]
+    question = {k: v for k, v in {**follow, **change}.items() if v is not None}
+    with pytest.raises(ApprovalInputError) as error:
+        _prepare(engine, question)
+    assert error.value.status == 400 and error.value.code == "tool_not_allowed_this_turn"
+    assert error.value.param == "input[0]"
+    assert GATED in error.value.message and "tool_choice" in error.value.message
+    assert engine.store.get_elicitation(elicitation_id).status == "pending"
+    assert engine.store.list_grants(include_inactive=True, now=0) == []
+    # resent with a tool_choice that allows the tool: released
+    allowing = {**follow, "tool_choice": {"type": "allowed_tools", "mode": "required",
+                                          "tools": [{"type": "function", "name": GATED}]}}
+    [released] = _prepare(engine, allowing).direct_output
+    assert released["name"] == GATED
+    # a retry of that accept is held to its own turn too (and is not declined by it)
+    with pytest.raises(ApprovalInputError) as error:
+        _prepare(engine, question)
+    assert error.value.code == "tool_not_allowed_this_turn"
+    assert _prepare(engine, follow).direct_output == [released]
+
+
+def test_a_decline_needs_no_callable_tool(engine):
+    follow = _accepted_follow_up(engine, "once")
+    answer = {k: v for k, v in follow["input"][0].items() if k != "scope"}
+    declined = {**follow, "tool_choice": "none", "input": [{**answer, "action": "decline"}]}
+    assert _prepare(engine, declined).direct_output is None
+    assert engine.store.get_elicitation(answer["elicitation_id"]).status == "declined"
+
+
+def test_an_echoed_accepted_elicitation_is_never_shown_as_declined(engine):
+    follow = _accepted_follow_up(engine, "once")
+    [released] = _prepare(engine, follow).direct_output
+    elicitation = engine.store.get_elicitation(follow["input"][0]["elicitation_id"]).to_item()
+    # echoed without its answer and without the released call: nothing of it reaches the model
+    echoed = _body({"role": "user", "content": "hi"}, elicitation.to_json())
+    prepared = _prepare(engine, echoed)
+    assert prepared.direct_output is None
+    assert [item.get("type", "message") for item in prepared.body["input"]] == ["message"]
+    # with the call's output in the history: the call is shown before it, never a decline
+    output = {"type": "function_call_output", "call_id": released["call_id"], "output": "sent"}
+    prepared = _prepare(engine, _body(elicitation.to_json(), output))
+    assert prepared.body["input"] == [{k: v for k, v in released.items() if k != "id"}, output]

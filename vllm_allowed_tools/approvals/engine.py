@@ -16,9 +16,14 @@ Two steps, both free of vLLM:
     Every response is checked against the server's own record (never the client's echo): it must
     exist for this principal and session, match any binding fields the response repeats, satisfy its
     type's rules (``scope`` with ``accept``, and one of the offered scopes); the tool must still have
-    the same definition in this request's catalog. All checks run **before anything is consumed**:
-    a bad response is an :class:`ApprovalInputError` (4xx) and the client may correct and resend.
-    Then each record is consumed atomically (single use):
+    the same definition in this request's catalog; and, when the caller passes this request's
+    ``turn`` (its :class:`~vllm_allowed_tools.policy.ToolPolicy`, or None for a request without
+    tools), an ``accept`` must name a call this turn could have made: the request has tools, its
+    ``tool_choice`` is not ``none``, and an allowlist (``allowed_tools``) or a named choice includes
+    the tool; otherwise a 400 ``tool_not_allowed_this_turn`` (``param``: the response's
+    ``input[i]``). All checks run **before anything is consumed**: a bad response is an
+    :class:`ApprovalInputError` (4xx) and the client may correct and resend (the elicitation stays
+    answerable). Then each record is consumed atomically (single use):
 
     * ``accept`` -> :class:`Release` of exactly the recorded call (its call id and arguments from the
       record); ``session`` / ``always`` also mint a :class:`~.store.Grant` in the same transaction;
@@ -27,10 +32,23 @@ Two steps, both free of vLLM:
     * past ``expires_at`` -> :class:`Decline` (``cause="expired"``), the record becomes terminal;
     * the tool's definition changed (or it left the catalog) -> :class:`Decline`
       (``cause="definition_changed"``);
-    * the same response again (a transcript that keeps its history) -> :class:`Replayed`: nothing;
-    * another response consumed it first (a race) -> :class:`Rejected`: nothing;
-    * a response to an already-consumed elicitation with a different response id, seen before
-      consuming -> :class:`ApprovalInputError` 409 ``elicitation_consumed``.
+    * the same answer again -> :class:`Replayed`: nothing new happens (nothing is consumed, no grant
+      is minted). "The same answer" is the same principal and session, the same ``action`` and, for
+      ``accept``, the same ``scope``; the response ``id`` may be the same (an SDK retry resends the
+      identical body) or new (a client that rebuilt its answer after a lost reply); a record closed
+      without an answer of its own (expired, unanswered, definition changed) only matches its own
+      response id. For a repeated ``accept`` whose call is not yet in the request's history
+      (``function_call`` items with that call id), :attr:`Replayed.release` is the release the
+      first answer made, identical (call id, arguments, grant): a lost reply, a client disconnect,
+      the loser of a race or a request cut short by a store failure gets the same call again,
+      never a second grant and never a false "declined". With the call in the history (a
+      transcript that keeps its history), ``release`` is None: a no-op;
+    * another response consumed it first (a race) with the same answer -> as above; with another
+      answer -> :class:`Rejected`: nothing;
+    * a different answer to an already-consumed elicitation (``decline`` after ``accept``,
+      ``accept`` with another scope, or any answer under another response id to a record closed
+      without one), seen before consuming -> :class:`ApprovalInputError` 409
+      ``elicitation_consumed``.
 
     Then every still-pending elicitation of the batches just answered, and every echoed
     ``elicitation`` item still pending, is declined (``cause="unanswered"``): parallel calls without
@@ -64,7 +82,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -89,6 +107,7 @@ from .policy import ApprovalPolicy
 from .store import ElicitationRecord, Grant, GrantStore
 
 __all__ = [
+    "CODE_TOOL_NOT_ALLOWED_THIS_TURN",
     "ApprovalEngine",
     "Decline",
     "Outcome",
@@ -97,6 +116,11 @@ __all__ = [
     "Release",
     "Replayed",
 ]
+
+
+#: An ``accept`` names a call this request could not have made (no tools, ``tool_choice: none``, an
+#: allowlist or named choice without the tool): 400, nothing consumed. A stable ``code`` string.
+CODE_TOOL_NOT_ALLOWED_THIS_TURN = "tool_not_allowed_this_turn"
 
 
 @dataclass(frozen=True)
@@ -219,11 +243,16 @@ class Decline:
 
 @dataclass(frozen=True)
 class Replayed:
-    """A response the server already applied (kept in the transcript's history): nothing happens."""
+    """The same answer again (kept in the transcript's history, or retried): nothing new happens.
+
+    ``release``: for a repeated ``accept`` whose call is not in the request's history, the release
+    the first answer made, identical (same call id, arguments and grant id; no new grant): the
+    wire answers with it again, so a lost reply loses nothing. None otherwise."""
 
     elicitation_id: str
     response_id: str
     status: str
+    release: Release | None = None
     executes: bool = field(default=False, init=False)
 
 
@@ -342,18 +371,29 @@ class ApprovalEngine:
 
     def resolve(self, response: ElicitationResponse | Mapping[str, Any], *, principal: str,
                 session: str | None = None, now: float | None = None,
-                catalog: Catalog | None = None, param: str = "item") -> Outcome:
+                catalog: Catalog | None = None, param: str = "item",
+                turn: ToolPolicy | None | Literal[False] = False,
+                history_calls: Collection[str] = ()) -> Outcome:
         """Apply one ``elicitation_response`` (see :meth:`resolve_all`; no sibling declines)."""
         _check_principal(principal)
         now = self.clock() if now is None else now
-        checked = self._check(response, param, principal, session, _catalog_digests(catalog))
+        checked = self._check(response, param, principal, session, _catalog_digests(catalog),
+                              turn, history_calls)
         return self._apply(checked, principal, session, now)
 
     def resolve_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                     session: str | None = None, now: float | None = None,
-                    catalog: Catalog | None = None) -> list[Outcome]:
+                    catalog: Catalog | None = None,
+                    turn: ToolPolicy | None | Literal[False] = False,
+                    history_calls: Collection[str] | None = None) -> list[Outcome]:
         """Apply every ``elicitation_response`` of a follow-up request, then decline unanswered
         siblings. ``items`` is the request's ``input`` list or its :func:`parse_input_items`.
+
+        ``turn``: this request's tool policy (None: the request has no tools); an ``accept`` is
+        then released only if this turn could have made the call (see the module docstring).
+        False (the default): not checked. ``history_calls``: the call ids of the request's
+        ``function_call`` items (read from ``items`` when it is the raw list); a repeated
+        ``accept`` of a call among them releases nothing again.
 
         Returns the responses' outcomes in input order, then one :class:`Decline`
         (``cause="unanswered"``) per unanswered pending elicitation of the answered batches and
@@ -363,8 +403,11 @@ class ApprovalEngine:
         _check_principal(principal)
         now = self.clock() if now is None else now
         parsed = items if isinstance(items, ApprovalItems) else parse_input_items(items)
+        if history_calls is None:
+            history_calls = set() if isinstance(items, ApprovalItems) else function_call_ids(items)
         digests = _catalog_digests(catalog)
-        checked = [self._check(response, f"{parsed.param}[{index}]", principal, session, digests)
+        checked = [self._check(response, f"{parsed.param}[{index}]", principal, session, digests,
+                               turn, history_calls)
                    for index, response in parsed.responses]
         outcomes: list[Outcome] = [self._apply(c, principal, session, now) for c in checked]
 
@@ -396,7 +439,9 @@ class ApprovalEngine:
     # -- internals
 
     def _check(self, response: ElicitationResponse | Mapping[str, Any], param: str, principal: str,
-               session: str | None, catalog: Mapping[ToolIdentity, str] | None) -> _Checked:
+               session: str | None, catalog: Mapping[ToolIdentity, str] | None,
+               turn: ToolPolicy | None | Literal[False] = False,
+               history_calls: Collection[str] = ()) -> _Checked:
         raw = response.to_json() if isinstance(response, ElicitationResponse) else response
         common = parse_elicitation_response(raw, param=param)
         record = self.store.get_elicitation(common.elicitation_id)
@@ -406,14 +451,13 @@ class ApprovalEngine:
                 "that is waiting for this caller in this session.",
                 param=f"{param}.elicitation_id", code=CODE_UNKNOWN_ELICITATION)
         typed = parse_elicitation_response(raw, param=param, elicitation_type=record.elicitation_type)
-        if record.status != "pending":
-            if record.response_id == typed.id:
-                return _Checked(typed, record, replay=True)
+        if record.status != "pending" and not _same_answer(record, typed):
             raise ApprovalInputError(
                 f"{param}.elicitation_id {record.id!r} was already answered by another response "
-                f"and is closed ({record.status}); an approval is single-use. Answer the current "
-                "elicitation instead.",
+                f"and is closed ({record.status}); an approval is single-use and its answer cannot "
+                "be changed. Answer the current elicitation instead.",
                 param=f"{param}.elicitation_id", code=CODE_ELICITATION_CONSUMED, status=409)
+        in_history = record.call_id in history_calls
         bound = {"call_id": record.call_id, "arguments_digest": record.arguments_digest,
                  "tool_definition_digest": record.definition_digest}
         for key, expected in bound.items():
@@ -423,6 +467,12 @@ class ApprovalEngine:
                     f"{param}.{key} does not match elicitation {record.id!r}: it answers another "
                     "call. Send the response for the elicitation of that call.",
                     param=f"{param}.{key}", code=CODE_ELICITATION_MISMATCH)
+        if record.status != "pending":   # the same answer again
+            if record.status != "accepted" or in_history:
+                return _Checked(typed, record, param, replay=True, in_history=in_history)
+            if turn is not False:         # released again: only if this turn could make the call
+                _check_turn(record, param, turn)
+            return _Checked(typed, record, param, replay=True, release=_release_of(record))
         if typed.action == "accept" and typed.scope not in record.requested_scopes:
             raise ApprovalInputError(
                 f"{param}.scope {typed.scope!r} was not offered for this call; choose one of "
@@ -432,19 +482,21 @@ class ApprovalEngine:
         if catalog is not None:
             current = catalog.get(record.identity)
             stale = current is None or current != record.definition_digest
-        return _Checked(typed, record, stale=stale)
+        if typed.action == "accept" and turn is not False:
+            _check_turn(record, param, turn, stale=stale)
+        return _Checked(typed, record, param, stale=stale, in_history=in_history)
 
     def _apply(self, checked: _Checked, principal: str, session: str | None, now: float) -> Outcome:
         response, record = checked.response, checked.record
         if checked.replay:
-            return Replayed(record.id, response.id, record.status)
+            return Replayed(record.id, response.id, record.status, checked.release)
         if checked.stale:
             result = self.store.consume(record.id, principal=principal, session=session,
                                         response_id=response.id, status="invalidated", scope=None,
                                         reason=None, now=now, ignore_expiry=True)
             if result.outcome == "consumed":
                 return Decline.of(result.record, "definition_changed")
-            return self._lost(result.record, response)
+            return self._lost(result.record, checked)
         grant = None
         status = {"accept": "accepted", "decline": "declined", "cancel": "cancelled"}[response.action]
         reason = response.reason if response.action == "decline" else None
@@ -466,25 +518,28 @@ class ApprovalEngine:
         if result.outcome == "expired":
             return Decline.of(result.record, "expired")
         if result.outcome != "consumed":
-            return self._lost(result.record, response)
+            return self._lost(result.record, checked)
         done = result.record
         assert done is not None
         if status == "accepted":
-            return Release(call_id=done.call_id, name=done.name, namespace=done.namespace,
-                           arguments=done.arguments, arguments_digest=done.arguments_digest,
-                           definition_digest=done.definition_digest, via="approval", scope=scope,
-                           grant_id=result.grant.id if result.grant else None,
-                           elicitation_id=done.id)
+            return _release_of(done)
         return Decline.of(done, "declined" if status == "declined" else "cancelled", reason)
 
     @staticmethod
-    def _lost(record: ElicitationRecord | None, response: ElicitationResponse) -> Outcome:
-        if record is not None and record.response_id == response.id:
-            return Replayed(record.id, response.id, record.status)
+    def _lost(record: ElicitationRecord | None, checked: _Checked) -> Outcome:
+        """Another response consumed the record between the check and this consumption."""
+        response = checked.response
+        if record is not None and _same_answer(record, response):
+            # the same answer won (e.g. a retry racing its original): the same result, no new grant;
+            # this response passed the turn and definition checks while the record was pending
+            release = _release_of(record) if (record.status == "accepted" and not checked.stale
+                                              and not checked.in_history) else None
+            return Replayed(record.id, response.id, record.status, release)
         return Rejected(response.elicitation_id, response.id, ApprovalInputError(
-            f"elicitation {response.elicitation_id!r} was consumed by another response at the same "
-            "time; nothing was executed for this one.",
-            param="elicitation_id", code=CODE_ELICITATION_CONSUMED, status=409))
+            f"{checked.param}.elicitation_id {response.elicitation_id!r} was answered by another "
+            "response at the same time (its answer differs from this one and stands); nothing was "
+            "applied for this one.",
+            param=f"{checked.param}.elicitation_id", code=CODE_ELICITATION_CONSUMED, status=409))
 
     # ------------------------------------------------------------------------------ store
 
@@ -515,8 +570,72 @@ class ApprovalEngine:
 class _Checked:
     response: ElicitationResponse
     record: ElicitationRecord
+    param: str = "item"
     replay: bool = False
     stale: bool = False
+    in_history: bool = False
+    release: Release | None = None
+
+
+def function_call_ids(items: Sequence[Any]) -> set[str]:
+    """The call ids of the ``function_call`` items of a Responses ``input`` list (its history)."""
+    return {item["call_id"] for item in items if isinstance(item, Mapping)
+            and item.get("type") == "function_call" and isinstance(item.get("call_id"), str)}
+
+
+def _same_answer(record: ElicitationRecord, response: ElicitationResponse) -> bool:
+    """Is ``response`` the answer that closed ``record`` again (an idempotent resend)?
+
+    Same action and, for ``accept``, the same scope, under any response id (an SDK retry keeps the
+    id, a client that rebuilt its answer may not). A record closed without an answer of its own
+    (expired, unanswered, definition changed: no ``action``) matches only its own response id."""
+    if record.action is None:
+        return record.response_id is not None and record.response_id == response.id
+    return record.action == response.action and (response.action != "accept"
+                                                 or record.scope == response.scope)
+
+
+def _release_of(record: ElicitationRecord) -> Release:
+    """The release of an accepted record: the recorded call, the scope and grant of its answer."""
+    return Release(call_id=record.call_id, name=record.name, namespace=record.namespace,
+                   arguments=record.arguments, arguments_digest=record.arguments_digest,
+                   definition_digest=record.definition_digest, via="approval", scope=record.scope,
+                   grant_id=record.grant_id, elicitation_id=record.id)
+
+
+def _check_turn(record: ElicitationRecord, param: str, turn: ToolPolicy | None, *,
+                stale: bool = False) -> None:
+    """Raise a 400 unless this request (``turn``) could have made the recorded call.
+
+    ``stale`` (a pending record whose tool left the catalog or changed): not this check's business,
+    the record is declined as ``definition_changed``; only a turn that can call no tool at all is
+    refused first. A repeated accept (the record is closed, it cannot be declined any more) is
+    refused when this turn lacks the tool or has another definition of it."""
+    tool = record.identity.flat_name
+    fix = (f"Nothing was consumed: the elicitation stays answerable. Send the same "
+           f"elicitation_response again in a request whose tools include {tool} (with the same "
+           f"definition) and whose tool_choice allows calling it (e.g. \"auto\", or an "
+           "allowed_tools list that includes it).")
+    if turn is None:
+        why = "this request has no tools (or a tool_choice the server cannot apply to them)"
+    elif turn.choice == "none":
+        why = 'this request\'s tool_choice is "none"'
+    elif stale:
+        return
+    elif not any(spec.identity == record.identity
+                 and compute_definition_digest(spec) == record.definition_digest
+                 for spec in turn.catalog):
+        why = f"this request's tools do not include {tool} with the definition it had when it " \
+              "was approved"
+    elif turn.allowed is not None and record.identity not in turn.allowed:
+        names = sorted(identity.flat_name for identity in turn.allowed)
+        why = f"this request's tool_choice allows only {names}"
+    else:
+        return
+    raise ApprovalInputError(
+        f"{param} accepts the call {record.call_id!r} to {tool}, but {why}, so this turn could not "
+        f"make that call and it is not released. {fix}",
+        param=param, code=CODE_TOOL_NOT_ALLOWED_THIS_TURN)
 
 
 def _check_principal(principal: str) -> None:

@@ -6,13 +6,27 @@ Request side (:func:`prepare_request`): the client's ``input`` may carry ``elici
 of what we sent) and ``elicitation_response`` items (its decisions). Responses are applied against
 the server's own records (:meth:`ApprovalEngine.resolve_all`), never the client's echo. Then:
 
+* an ``accept`` is released only if this request could have made the call: it has tools, the tool
+  is among them with the approved definition, its ``tool_choice`` is not ``none`` and an allowlist
+  or named choice includes the tool. Otherwise a 400 ``tool_not_allowed_this_turn`` (``param``:
+  the response's ``input[i]``) before anything is consumed: the client resends the same answer with
+  a ``tool_choice`` that allows the tool;
 * if any response **accepted** a call just now, the request is answered directly with exactly the
   recorded call(s) as ``function_call`` items: no model call is needed (function tools run on the
   client). Declines in the same request reach the model on the next turn, from the history;
+* answers are idempotent: the same answer again (same action and scope, the same or a new response
+  id) to an accepted elicitation whose call is not in the history (a lost reply, a retry, the loser
+  of a race, a request cut short by a store failure) is answered with the same release again:
+  the same ``call_id``, arguments and item ``id`` (derived from the elicitation id), and no new
+  grant. With the call in the history it is a no-op. A different answer to a closed elicitation is
+  a 409 ``elicitation_consumed`` (also when it lost a race to the other answer);
 * otherwise both item types are removed before vLLM sees the input (it would reject them), and each
-  echoed elicitation becomes what the model should see: the proposed ``function_call`` and, unless
-  the call was accepted (its real output follows in the history), the decline as its
-  ``function_call_output``. The model then continues with the decline in view.
+  echoed elicitation becomes what the model should see: the proposed ``function_call`` and its
+  decline as the ``function_call_output``. An **accepted** elicitation is never shown as declined:
+  with its call in the history it is dropped (the call and its real output are there), with only
+  its ``function_call_output`` in the history the call is shown before it, and with neither it is
+  dropped (the server released the call but does not know its result; saying "declined" would be
+  false). The model then continues with the declines in view.
 
 Response side (:class:`ResponseApprovals`): every ``function_call`` leaving the server goes through
 :meth:`ApprovalEngine.propose_all`: released calls pass, a gated call without a live grant is
@@ -41,7 +55,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..policy import ToolIdentity, ToolPolicy
-from .engine import ApprovalEngine, Decline, ProposedCall, Release
+from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
+    function_call_ids
 from .items import ToolCallApproval, parse_input_items
 from .policy import approval_hint
 
@@ -114,20 +129,29 @@ def strip_approval_hints(body: dict[str, Any]) -> dict[str, Any]:
 
 def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: str,
                     session: str | None, catalog: ToolPolicy | None) -> Prepared:
-    """Apply the request's elicitation responses; raises ApprovalInputError (4xx) on bad items."""
+    """Apply the request's elicitation responses; raises ApprovalInputError (4xx) on bad items.
+
+    ``catalog`` is this request's tool policy (None: the request has no tools): an ``accept`` is
+    released only if this turn could have made the call (see the module docstring)."""
     items = body.get("input")
     if not isinstance(items, list):
         return Prepared(body, None, False)
     parsed = parse_input_items(items)
     if not parsed.elicitations and not parsed.responses:
         return Prepared(body, None, False)
-    outcomes = engine.resolve_all(parsed, principal=principal, session=session, catalog=catalog)
-    released = [o for o in outcomes if isinstance(o, Release)]
+    present_calls = function_call_ids(items)
+    outcomes = engine.resolve_all(parsed, principal=principal, session=session, catalog=catalog,
+                                  turn=catalog, history_calls=present_calls)
+    for outcome in outcomes:
+        if isinstance(outcome, Rejected):   # another answer won a race for it: say so (409)
+            raise outcome.error
+    released = [o if isinstance(o, Release) else o.release for o in outcomes
+                if isinstance(o, Release) or (isinstance(o, Replayed) and o.release is not None)]
     if released:
-        return Prepared(body, [_with_id(r.function_call_item()) for r in released], True)
+        return Prepared(body, [_with_id(r) for r in released], True)
     declined = {o.elicitation_id: o for o in outcomes if isinstance(o, Decline) and o.elicitation_id}
-    present_calls = {item.get("call_id") for item in items
-                     if isinstance(item, Mapping) and item.get("type") == "function_call"}
+    present_outputs = {item.get("call_id") for item in items
+                       if isinstance(item, Mapping) and item.get("type") == "function_call_output"}
     elicitation_at = dict(parsed.elicitations)
     response_at = {index for index, _ in parsed.responses}
     new_input: list[Any] = []
@@ -147,6 +171,10 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
                 "arguments": record.arguments, "status": "completed"}
         if record.namespace is not None:
             call["namespace"] = record.namespace
+        if record.status == "accepted":   # released: never shown as declined
+            if record.call_id in present_outputs:
+                new_input.append(call)     # its real output follows in the history
+            continue                       # no result known: nothing rather than a false one
         new_input.append(call)
         decline = declined.get(record.id) or Decline.of(record, _cause(record.status))
         new_input.append(decline.function_call_output_item())
@@ -155,12 +183,19 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
 
 def _cause(status: str) -> str:
     return {"declined": "declined", "cancelled": "cancelled", "expired": "expired",
-            "unanswered": "unanswered", "definition_changed": "definition_changed"}.get(
+            "unanswered": "unanswered", "invalidated": "definition_changed"}.get(
         status, "unanswered")
 
 
-def _with_id(item: dict[str, Any]) -> dict[str, Any]:
-    return {"id": "fc_" + secrets.token_hex(12), **item}
+def _with_id(release: Release) -> dict[str, Any]:
+    """The released call as an output item. Its ``id`` is derived from the elicitation id, so the
+    same accept answered again yields an identical item (a random one without an elicitation)."""
+    if release.elicitation_id:
+        digest = hashlib.sha256(f"function_call:{release.elicitation_id}".encode()).hexdigest()
+        item_id = "fc_" + digest[:24]
+    else:
+        item_id = "fc_" + secrets.token_hex(12)
+    return {"id": item_id, **release.function_call_item()}
 
 
 class ResponseApprovals:
