@@ -568,9 +568,6 @@ def test_named_choice(api: str, body: dict[str, Any], expected: ToolIdentity) ->
     ("chat", {"tools": C_TOOLS, "tool_choice": {"type": "custom", "custom": {"name": "apply_patch"}}}),
     ("chat", {"tools": C_TOOLS, "tool_choice": "sometimes"}),
     ("chat", {"tools": C_TOOLS, "tool_choice": 3}),
-    # shapes vanilla vLLM rejects itself
-    ("chat", {"tools": {"a": 1}, "tool_choice": "auto"}),
-    ("chat", {"tools": C_TOOLS, "tool_choice": "auto", "parallel_tool_calls": "yes"}),
 ])
 def test_plain_requests_we_do_not_model_return_none(api: str, body: dict[str, Any]) -> None:
     before = metrics.snapshot()["invalid_selections"]
@@ -578,15 +575,37 @@ def test_plain_requests_we_do_not_model_return_none(api: str, body: dict[str, An
     assert metrics.snapshot()["invalid_selections"] == before
 
 
-def test_plain_choices_tolerate_what_allowed_tools_rejects() -> None:
-    # malformed entries are skipped; collisions resolve to the first in canonical order
-    tools = [r_fn("ok"), {"type": "function"}, "junk", r_fn("a__b"), r_ns("a", [r_fn("b")]),
-             r_fn("ok", "dup"), {"type": "namespace", "name": "bad", "tools": 3}]
+@pytest.mark.parametrize(("body", "param"), [
+    # a shape the policy cannot read is a 400, never "no policy" (vLLM might coerce it and serve)
+    ({"tools": {"a": 1}, "tool_choice": "auto"}, "tools"),
+    ({"tools": C_TOOLS, "tool_choice": "auto", "parallel_tool_calls": "yes"},
+     "parallel_tool_calls"),
+])
+def test_plain_requests_the_policy_cannot_read_are_refused(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidSelectionError) as caught:
+        resolve_policy(body, "chat")
+    assert caught.value.param == param and caught.value.status == 400
+
+
+def test_plain_choices_tolerate_malformed_entries() -> None:
+    tools = [r_fn("ok"), {"type": "function"}, "junk", r_fn("a__b"),
+             {"type": "namespace", "name": "bad", "tools": 3}]
     policy = resolve_policy({"tools": tools, "tool_choice": "required"}, "responses")
     assert policy is not None
-    assert [s.flat_name for s in policy.catalog] == ["a__b", "a__b", "ok", "ok"]
-    assert policy.lookup("a__b").identity == I(None, "a__b")
+    assert [s.flat_name for s in policy.catalog] == ["a__b", "ok"]
     assert policy.is_allowed("a__b") and policy.is_allowed("ok")
+
+
+@pytest.mark.parametrize("choice", ["auto", "required", "none", None])
+@pytest.mark.parametrize(("tools", "reason"), [
+    ([r_fn("ok"), r_fn("ok", "dup")], "duplicate_tool"),
+    ([r_fn("a__b"), r_ns("a", [r_fn("b")])], "ambiguous_name"),
+])
+def test_two_definitions_of_one_name_are_refused_under_every_choice(choice, tools, reason) -> None:
+    # never "the first by digest order": that would let a grant for one definition release the other
+    with pytest.raises(InvalidSelectionError) as caught:
+        resolve_policy({"tools": tools, "tool_choice": choice}, "responses")
+    assert caught.value.reason == reason and caught.value.param.startswith("tools[")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -542,14 +542,15 @@ def _collision(entries: Sequence[_Entry]) -> InvalidSelectionError | None:
         if first.spec.identity == entry.spec.identity:
             return InvalidSelectionError(
                 f"{entry.name_param} {_quote(flat)} duplicates the function defined at "
-                f"{first.param}; each function may appear only once in `tools` when tool_choice "
-                "is allowed_tools. Remove one of the two definitions.",
+                f"{first.param}; each function may appear only once in `tools` (two definitions of "
+                "one name would let a call, or an approval, be matched to either). Remove one of "
+                "the two definitions.",
                 reason="duplicate_tool", param=entry.name_param, code=CODE_INVALID_TOOLS)
         return InvalidSelectionError(
             f"{entry.name_param} {_describe(entry.spec.identity)} and {first.param} "
             f"{_describe(first.spec.identity)} both reach the model as {_quote(flat)}, so "
-            "allowed_tools cannot tell them apart. Rename one of them (or move it to another "
-            "namespace).",
+            "a call to that name could not be told apart. Rename one of them (or move it to "
+            "another namespace).",
             reason="ambiguous_name", param=entry.name_param, code=CODE_INVALID_TOOLS)
     return None
 
@@ -887,13 +888,20 @@ def _policy(api: Api, catalog: _Catalog, choice: Choice, mode: Mode | None,
 def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> ToolPolicy | None:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
-        return None
+        # never "not ours, no policy": vLLM may still read it (see typed_fields)
+        raise _malformed("tools", f"`tools` must be an array of tools, got {_type_name(tools)}.")
     parallel = body.get("parallel_tool_calls")
     if parallel is None:
         parallel = True
     elif not isinstance(parallel, bool):
-        return None
+        raise _malformed("parallel_tool_calls", "`parallel_tool_calls` must be a boolean, got "
+                         f"{_type_name(parallel)}.", code=CODE_INVALID_PARALLEL_TOOL_CALLS)
     catalog = _parse_catalog(tools or [], api)
+    if catalog.collision is not None:
+        # never "the first by digest order": that would revive a grant made for the other one
+        template = catalog.collision
+        raise InvalidSelectionError(template.message, reason=template.reason,
+                                    param=template.param, code=template.code)
 
     if tool_choice is None:
         # vLLM's default: "auto" whenever `tools` is non-empty (even if it holds no function).
@@ -944,6 +952,20 @@ def _resolve(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
     if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "allowed_tools":
         return _resolve_allowed(body, api, tool_choice)
     return _resolve_plain(body, api, tool_choice)
+
+
+def resolve_callable_catalog(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
+    """What this turn may call, for code that must never read "unresolved" as "nothing to check"
+    (the approvals): the resolved policy, or, for a choice this module leaves to vLLM (hosted,
+    custom, an unresolvable name), the whole function catalog in ``auto`` mode. None only without
+    tools."""
+    policy = resolve_policy(body, api)
+    if policy is not None or not body.get("tools"):
+        return policy
+    catalog = _parse_catalog(body["tools"], api)
+    parallel = body.get("parallel_tool_calls")
+    return _policy(api, catalog, "auto", "auto", None, parallel is not False,
+                   _copy_json(body.get("tool_choice")))
 
 
 def catalog_digest(tools: Sequence[Mapping[str, Any]], api: Api) -> str:

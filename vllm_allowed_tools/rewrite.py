@@ -24,6 +24,7 @@ from typing import Any, Literal, Mapping
 
 from .constraint import XARGS_KEYS
 from .policy import ToolPolicy, resolve_policy
+from .typed_fields import normalise_fields
 
 Api = Literal["responses", "chat"]
 POLICY_KEY = "vllm_allowed_tools"
@@ -80,8 +81,8 @@ class Rewritten:
 
 def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     """Resolve the policy and rewrite the body; raises InvalidSelectionError (a 400) on bad input."""
-    new = dict(body)
-    changed = False
+    new = normalise_fields(body, api)
+    changed = any(new.get(key) is not body.get(key) for key in new)
     if POLICY_KEY in new:
         del new[POLICY_KEY]
         changed = True

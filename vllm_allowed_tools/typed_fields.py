@@ -1,0 +1,93 @@
+"""Read every request field the plugin depends on exactly as vLLM will, or refuse the request.
+
+vLLM validates bodies with pydantic in lax mode, so ``"parallel_tool_calls": "true"`` is served as
+``True``. If the plugin read the same field more strictly ("not a bool: not mine"), the plugin and
+vLLM would disagree about the request, and every such disagreement has been a bypass (approvals
+switched off by a string). So each field the policy, the guard or the approvals read is either
+coerced with pydantic's own lax rules (and written back, so vLLM sees the canonical value too) or
+refused with a 400 naming it. There is no outcome in which a field is "not understood" and the
+request goes on without a policy.
+
+No vLLM imports: pydantic is the same library vLLM validates with.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from .errors import AllowedToolsError
+
+__all__ = ["CODE_INVALID_FIELD", "normalise_fields"]
+
+Api = Literal["responses", "chat"]
+CODE_INVALID_FIELD = "invalid_request_field"
+
+#: Boolean fields read by the plugin, per API (vLLM declares each ``bool | None``).
+_BOOL_FIELDS: dict[str, tuple[str, ...]] = {
+    "responses": ("parallel_tool_calls", "stream", "background", "store"),
+    "chat": ("parallel_tool_calls", "stream"),
+}
+#: Optional string fields the approvals read (who and which session is asking).
+_STRING_FIELDS: dict[str, tuple[str, ...]] = {
+    "responses": ("prompt_cache_key", "previous_response_id"),
+    "chat": (),
+}
+
+
+def _refuse(field: str, message: str) -> AllowedToolsError:
+    return AllowedToolsError(f"`{field}` {message}", param=field, code=CODE_INVALID_FIELD)
+
+
+@functools.lru_cache(maxsize=1)
+def _bool_adapter() -> Any:
+    from pydantic import TypeAdapter
+    return TypeAdapter(bool | None)
+
+
+def _lax_bool(field: str, value: Any) -> bool | None:
+    """pydantic's lax ``bool | None``: what vLLM serves for this value."""
+    from pydantic import ValidationError
+    try:
+        return _bool_adapter().validate_python(value)
+    except ValidationError:
+        raise _refuse(field, f"must be a boolean, got {_shown(value)}") from None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_type(body: Mapping[str, Any], field: str, kinds: tuple[type, ...], expected: str) -> None:
+    value = body.get(field)
+    if value is not None and not isinstance(value, kinds):
+        raise _refuse(field, f"must be {expected}, got {_shown(value)}")
+
+
+def normalise_fields(body: Mapping[str, Any], api: Api) -> dict[str, Any]:
+    """A copy of ``body`` whose plugin-read fields are canonical JSON types; raises a 400
+    (:class:`AllowedToolsError`, ``param`` = the field) for a value vLLM would coerce in a way the
+    plugin cannot follow, or that neither could read."""
+    new = dict(body)
+    for field in _BOOL_FIELDS[api]:
+        if field in new and new[field] is not None and not isinstance(new[field], bool):
+            new[field] = _lax_bool(field, new[field])
+    for field in _STRING_FIELDS[api]:
+        _check_type(new, field, (str,), "a string")
+    _check_type(new, "tools", (list,), "a list of tool objects")
+    for index, tool in enumerate(new.get("tools") or ()):
+        if not isinstance(tool, Mapping):
+            raise _refuse(f"tools[{index}]", f"must be a tool object, got {_shown(tool)}")
+    _check_type(new, "tool_choice", (str, Mapping), 'a string ("none", "auto", "required") or an '
+                                                    "object")
+    if api == "responses":
+        _check_type(new, "input", (str, list), "a string or a list of input items")
+        conversation = new.get("conversation")
+        if isinstance(conversation, Mapping) and not isinstance(conversation.get("id"), str):
+            raise _refuse("conversation.id", f"must be a string, got {_shown(conversation.get('id'))}")
+        _check_type(new, "conversation", (str, Mapping), 'a string or an object with a string "id"')
+    else:
+        _check_type(new, "messages", (list,), "a list of messages")
+    return new
