@@ -8,11 +8,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
-from vllm_allowed_tools.approvals import ApprovalPolicy, ProposedCall, ToolCallApproval, open_engine
+from vllm_allowed_tools.approvals import (
+    ApprovalInputError,
+    ApprovalPolicy,
+    ProposedCall,
+    ToolCallApproval,
+    open_engine,
+)
 from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals import open_store
+from vllm_allowed_tools.approvals.policy import check_hints
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
 from vllm_allowed_tools.policy import ToolIdentity, resolve_policy
 
@@ -106,3 +116,118 @@ def test_a_namespaced_call_on_the_wire_is_elicited_by_a_bare_name_rule(tmp_path)
                             "name": "send_email", "arguments": "{}", "status": "completed"}]}
     approvals.apply_to_response(response)
     assert [item["type"] for item in response["output"]] == ["elicitation"]
+
+
+# ------------------------------------------------------------ hints: a 400 before generation
+
+HINT_POLICY_DOC = {"rules": [{"tools": ["send_email"], "approval": "required", "scopes": ["once"]}]}
+HINT_POLICY = ApprovalPolicy.from_mapping(HINT_POLICY_DOC)
+_WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+
+
+def _chat_tool(name, **function):
+    return {"type": "function", "function": {"name": name, "parameters": {"type": "object"},
+                                             **function}}
+
+
+@pytest.mark.parametrize("tools, param", [
+    # contradictory: shares no scope with the operator's rule for send_email
+    ([_WEATHER, {**_SEND, "approval": {"scopes": ["always"]}}], "tools[1].approval.scopes"),
+    ([{"type": "namespace", "name": "mail", "description": "d",
+       "tools": [_WEATHER, {**_SEND, "approval": {"required": "yes"}}]}],
+     "tools[0].tools[1].approval.required"),
+    ([_chat_tool("send_email", approval={"expires_in": -5})], "tools[0].function.approval.expires_in"),
+    ([_chat_tool("f", approval={"expires_in": 0})], "tools[0].function.approval.expires_in"),
+    ([{**_WEATHER, "approval": {"approve": True}}], "tools[0].approval.approve"),
+    ([{**_WEATHER, "approval": "required"}], "tools[0].approval"),
+    ([{**_WEATHER, "approval": {"scopes": []}}], "tools[0].approval.scopes"),
+    ([{**_chat_tool("f", approval={"required": True}), "approval": {"required": True}}],
+     "tools[0].approval"),                                  # given twice
+    ([{"type": "namespace", "name": "mail", "description": "d", "tools": [_SEND],
+       "approval": {"required": True}}], "tools[0].approval"),   # nothing reads it there
+    ([{"type": "web_search", "approval": {"required": True}}], "tools[0].approval"),
+])
+def test_check_hints_names_the_bad_field(tools, param):
+    with pytest.raises(ApprovalInputError) as info:
+        check_hints({"model": "m", "tools": tools}, HINT_POLICY)
+    assert info.value.status == 400 and info.value.param == param
+    assert param in str(info.value)
+
+
+def test_check_hints_accepts_valid_and_absent_hints():
+    check_hints({"model": "m"}, HINT_POLICY)
+    check_hints({"model": "m", "tools": [
+        {**_SEND, "approval": {"scopes": ["once"], "expires_in": 30, "bind_arguments": True}},
+        {**_WEATHER, "approval": None},
+        {"type": "namespace", "name": "crm", "description": "d",
+         "tools": [{**_WEATHER, "approval": {"required": True}}]},
+        _chat_tool("lookup", approval={"required": False}),
+        {"type": "web_search"},
+    ]}, HINT_POLICY)
+
+
+def _app(reached):
+    """A stand-in for vLLM's app (a Starlette router with its two tool routes): a request that
+    reaches it is recorded in ``reached``."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def endpoint(request):
+        reached.append(request.url.path)
+        return JSONResponse({})
+
+    return Starlette(routes=[Route(path, endpoint, methods=["POST"])
+                             for path in ("/v1/chat/completions", "/v1/responses")])
+
+
+def _through_middleware(tmp_path, monkeypatch, path, body):
+    """Send one POST through AllowedToolsMiddleware, approvals on with HINT_POLICY (no vLLM: the
+    app is a stand-in). Returns (status, JSON payload, whether the request reached the app)."""
+    from vllm_allowed_tools.vllm_glue.middleware import AllowedToolsMiddleware
+
+    policy_file = tmp_path / "approvals.json"
+    policy_file.write_text(json.dumps(HINT_POLICY_DOC))
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_APPROVAL_POLICY", str(policy_file))
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_GRANT_STORE", str(tmp_path / "grants.db"))
+    reached = []
+    middleware = AllowedToolsMiddleware(_app(reached))
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "root_path": "", "query_string": b"", "headers": [(b"content-type", b"application/json")],
+             "asgi": {"spec_version": "2.3"}}
+    asyncio.run(middleware(scope, receive, send))
+    status = sent[0]["status"]
+    payload = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    return status, payload, bool(reached)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/responses", {"model": "m", "input": "hi", "tools": [
+        _WEATHER, {**_SEND, "approval": {"scopes": ["session"]}}]}, "tools[1].approval.scopes"),
+    ("/v1/responses", {"model": "m", "input": "hi", "stream": True, "tools": [
+        {"type": "namespace", "name": "mail", "description": "d",
+         "tools": [{**_SEND, "approval": {"required": 1}}]}]},
+     "tools[0].tools[0].approval.required"),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                              "tools": [_chat_tool("send_email", approval={"bind": True})]},
+     "tools[0].function.approval.bind"),
+])
+def test_a_bad_hint_is_a_400_before_the_request_reaches_vllm(tmp_path, monkeypatch, path, body,
+                                                             param):
+    status, payload, reached_vllm = _through_middleware(tmp_path, monkeypatch, path, body)
+    assert status == 400 and not reached_vllm
+    assert payload["error"]["param"] == param and payload["error"]["code"] == "invalid_approval_hint"
+
+
+def test_a_valid_hint_reaches_vllm(tmp_path, monkeypatch):
+    body = {"model": "m", "input": "hi", "tools": [{**_SEND, "approval": {"scopes": ["once"]}}]}
+    _, _, reached_vllm = _through_middleware(tmp_path, monkeypatch, "/v1/responses", body)
+    assert reached_vllm

@@ -57,6 +57,7 @@ from typing import Any, Mapping, Sequence
 from ..policy import ToolIdentity, ToolPolicy
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
+from .errors import ApprovalInputError
 from .items import ToolCallApproval, parse_input_items
 from .policy import approval_hint
 
@@ -417,8 +418,8 @@ class WithoutGated:
                 try:
                     required = engine.policy.effective(ToolIdentity(None, name),
                                                        approval_hint(tool)).required
-                except Exception:   # a malformed hint: fail closed
-                    required = True
+                except ApprovalInputError:   # check_hints refuses these before generation;
+                    required = True          # should one get here anyway: fail closed
                 if required:
                     self.gated.add(name)
 

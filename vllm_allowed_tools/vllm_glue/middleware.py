@@ -352,6 +352,7 @@ class AllowedToolsMiddleware:
 
     def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api):
         """(rewritten request, the response-side approvals or None, calls to release directly)."""
+        from ..approvals.policy import check_hints
         from ..approvals.wire import (
             ResponseApprovals,
             prepare_request,
@@ -360,6 +361,7 @@ class AllowedToolsMiddleware:
             strip_approval_hints,
         )
         from ..policy import resolve_policy
+        check_hints(data, self.approvals.policy)   # a bad `approval` object: 400 before generation
         body = strip_approval_hints(rewritten.body)
         if api != "responses":
             return replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body), \
