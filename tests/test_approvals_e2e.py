@@ -68,6 +68,31 @@ def test_gated_call_is_an_elicitation_and_accept_releases_it(approvals_server):
                    for i in again)
 
 
+def test_a_retried_accept_gets_the_same_call_and_needs_a_turn_that_allows_it(approvals_server):
+    client = approvals_server.client()
+    [elicitation] = [i for i in _ask(client, conversation="conv-4") if i["type"] == "elicitation"]
+    answer = {"id": "er_4", "type": "elicitation_response", "elicitation_id": elicitation["id"],
+              "action": "accept", "scope": "once"}
+    history = [{"role": "user", "content": "Send it."}, elicitation, answer]
+    # this turn cannot call the tool (tool_choice none): a 400 that says why, nothing consumed
+    refused = httpx.post(approvals_server.base_url + "/responses", timeout=60,
+                         headers={"Authorization": "Bearer test"},   # the client's credential
+                         json={"model": "tiny", "input": history, "tools": TOOLS,
+                               "tool_choice": "none", "prompt_cache_key": "conv-4"})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "tool_not_allowed_this_turn" and error["param"] == "input[2]"
+    assert "tool_choice" in error["message"]
+    # resent with a tool_choice that allows the tool: released, without a model call
+    before = _prompt_tokens(approvals_server)
+    released = _ask(client, *history, conversation="conv-4")
+    assert [(i["type"], i["call_id"], i["arguments"]) for i in released] == \
+        [("function_call", elicitation["call_id"], elicitation["arguments"])]
+    # the reply was lost: the same answer again gets the same call (same item id), not a decline
+    assert _ask(client, *history, conversation="conv-4") == released
+    assert _prompt_tokens(approvals_server) == before, "no model call was needed"
+
+
 def test_streamed_gated_call_is_an_elicitation(approvals_server):
     events = _ask(approvals_server.client(), stream=True, conversation="conv-2")
     items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
