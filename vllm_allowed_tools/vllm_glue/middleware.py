@@ -35,25 +35,26 @@ from ..guard import (
     ResponsesStreamGuard,
     check_chat_completion,
     check_responses_object,
+    unreadable_violation,
 )
-from ..metrics import record_fallback
+from ..metrics import record_fallback, record_violation
 from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
+from ..typed_fields import normalise_fields
 from ..sse import SSEEvent, SSEFramer
 
+from .authentication import find_authentication
+from .routes import RouteDecision, carries_tools, decide, find_router, log_route_table, \
+    matched_template
+
 logger = logging.getLogger(__name__)
+
+#: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
+CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-
-_ROUTES: dict[str, Api] = {"/v1/chat/completions": "chat", "/v1/responses": "responses",
-                           "/v1/chat/completions/render": "chat", "/v1/responses/render": "responses"}
-
-
-def api_for_path(path: str) -> Api | None:
-    return _ROUTES.get(path.rstrip("/"))
-
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The whole request body; the flag says the client disconnected while sending it."""
@@ -130,9 +131,33 @@ class _Stop:
         return guarded_receive
 
 
+def _media_type(headers: Any) -> tuple[str | None, bool]:
+    """(the response's media type, lowercased without parameters or None when it has none; whether
+    its body is encoded, e.g. compressed). Header names are compared case-insensitively (ASGI says
+    lowercase; nothing here relies on it). Several different content types read as none."""
+    types: set[str] = set()
+    encoded = False
+    for name, value in headers or ():
+        name = bytes(name).lower()
+        text = bytes(value).decode("latin-1").split(";", 1)[0].strip().lower()
+        if name == b"content-type":
+            types.add(text)
+        elif name == b"content-encoding" and text not in ("", "identity"):
+            encoded = True
+    return (types.pop() if len(types) == 1 else None), encoded
+
+
 class _GuardedSend:
     """Wraps `send`: the output guard on every call leaving the server, and, for an allowed-tools
-    Responses request, the client's own tool_choice restored in every response object."""
+    Responses request, the client's own tool_choice restored in every response object.
+
+    While a policy applies, every 2xx answer is guarded: ``application/json`` as a whole body,
+    ``text/event-stream`` event by event (media types compared case-insensitively, parameters
+    ignored). A 2xx answer the guard cannot read (another or no content type, an encoded body, a
+    JSON body that does not parse to an object) is refused like a call outside the policy: 500
+    ``allowed_tools_violation``, counted under source ``unreadable``. Non-2xx answers pass as they
+    are: they are vLLM's own error bodies, which never carry a tool call.
+    """
 
     def __init__(self, send: Send, api: Api, policy: Any, echo: tuple[bool, Any], stop: _Stop,
                  spec_version: tuple[int, ...], approvals: Any = None) -> None:
@@ -157,23 +182,33 @@ class _GuardedSend:
                 raise OSError("the allowed-tools guard ended this stream")
             return   # the app is being told the client left; drop what it still sends
         if message["type"] == "http.response.start":
-            headers = dict(message.get("headers", []))
-            content_type = headers.get(b"content-type", b"")
-            if message.get("status") != 200 or self._policy is None:
+            status = message.get("status")
+            media, encoded = _media_type(message.get("headers"))
+            if self._policy is None or not (isinstance(status, int) and 200 <= status < 300):
+                # No policy, or not a success: vLLM's error bodies (4xx/5xx) carry no tool calls,
+                # so they pass as they are, whatever their content type.
                 self._mode = "raw"
-            elif content_type.startswith(b"application/json"):
+            elif encoded or media not in ("application/json", "text/event-stream"):
+                self._mode, self._start = "unreadable", message   # refused at the first body
+                return
+            elif media == "application/json":
                 self._mode, self._start = "json", message   # hold until the body is complete
                 return
-            elif content_type.startswith(b"text/event-stream"):
+            else:
                 self._mode = "sse"
                 self._guard = GuardedSSE(ResponsesStreamGuard(self._policy) if self._api == "responses"
                                          else ChatStreamGuard(self._policy))
-            else:
-                self._mode = "raw"
             await self._send(message)
             return
         if message["type"] != "http.response.body" or self._mode == "raw":
             await self._send(message)
+            return
+        if self._mode == "unreadable":
+            media, encoded = _media_type((self._start or {}).get("headers"))
+            what = ("an encoded (compressed) body" if encoded else
+                    f"content type {media!r}" if media else "no single content type")
+            await self._refuse(unreadable_violation(f"a 2xx answer with {what}"),
+                               stop=message.get("more_body", False))
             return
         if self._mode == "json":
             await self._unary(message)
@@ -190,34 +225,52 @@ class _GuardedSend:
             data = json.loads(body)
         except ValueError:
             data = None
-        if isinstance(data, dict):
-            try:
-                if self._api == "responses":
-                    check_responses_object(data, self._policy)
-                else:
-                    check_chat_completion(data, self._policy)
-                if self._approvals is not None:
-                    calls = [item for item in data.get("output") or ()
-                             if isinstance(item, dict) and item.get("type") == "function_call"]
-                    decisions = await asyncio.to_thread(self._approvals.decide, calls) \
-                        if calls else {}
-                    self._approvals.apply_to_response(data, decisions)
-                if self._restore:
-                    restore_echo(data, self._original)
-                if self._approvals is not None or self._restore:
-                    body = json.dumps(data).encode()
-            except AllowedToolsViolation as violation:
-                logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
-                body = json.dumps(violation.to_openai()).encode()
-                start["status"] = violation.status
-            except GrantStoreUnavailable as exc:
-                _log_store_down(exc)
-                body = json.dumps(exc.to_openai()).encode()
-                start["status"] = exc.status
-                start["headers"] = list(start.get("headers", [])) + _error_headers(exc)
+        if not isinstance(data, dict):
+            await self._refuse(unreadable_violation("a JSON body that does not parse to an object"),
+                               stop=False)
+            return
+        try:
+            if self._api == "responses":
+                check_responses_object(data, self._policy)
+            else:
+                check_chat_completion(data, self._policy)
+            if self._approvals is not None:
+                calls = [item for item in data.get("output") or ()
+                         if isinstance(item, dict) and item.get("type") == "function_call"]
+                decisions = await asyncio.to_thread(self._approvals.decide, calls) \
+                    if calls else {}
+                self._approvals.apply_to_response(data, decisions)
+            if self._restore:
+                restore_echo(data, self._original)
+            if self._approvals is not None or self._restore:
+                body = json.dumps(data).encode()
+        except AllowedToolsViolation as violation:
+            logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
+            body = json.dumps(violation.to_openai()).encode()
+            start["status"] = violation.status
+        except GrantStoreUnavailable as exc:
+            _log_store_down(exc)
+            body = json.dumps(exc.to_openai()).encode()
+            start["status"] = exc.status
+            start["headers"] = list(start.get("headers", [])) + _error_headers(exc)
         start["headers"] = _with_content_length(list(start.get("headers", [])), len(body))
         await self._send(start)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _refuse(self, violation: AllowedToolsViolation, *, stop: bool) -> None:
+        """Answer with ``violation`` in place of a body the guard cannot read (counted); ``stop``:
+        the app is still sending (a stream), so it is told the client left (vLLM aborts the
+        engine request) and what it still sends is dropped."""
+        record_violation(violation.source)
+        logger.error("vllm-allowed-tools: refused a response the guard cannot read: %s", violation)
+        self._finished = True
+        body = json.dumps(violation.to_openai()).encode()
+        await self._send({"type": "http.response.start", "status": violation.status,
+                          "headers": [(b"content-type", b"application/json"),
+                                      (b"content-length", str(len(body)).encode())]})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        if stop:
+            self._stop.event.set()
 
     async def _stream(self, message: Message) -> None:
         assert self._guard is not None
@@ -248,7 +301,10 @@ class _GuardedSend:
         Returns the bytes to send, and the store error when a decision failed (then the bytes end
         with the stream's ``response.failed`` and nothing more may be sent)."""
         out = []
-        for event in self._framer.feed(chunk):
+        events = self._framer.feed(chunk)
+        if final:
+            events += self._framer.close()
+        for event in events:
             data = event.json()
             if not isinstance(data, dict):
                 out.append(event.raw)
@@ -294,11 +350,25 @@ class AllowedToolsMiddleware:
         from ..approvals import engine_from_env
         self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
         self.app = app
+        self._auth = find_authentication(app, sys.argv)
+        self._router = find_router(app)
+        if self._router is not None:
+            log_route_table(self._router)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        api = api_for_path(scope.get("path", "")) if scope.get("type") == "http" else None
-        if api is None or scope.get("method") != "POST":
+        if scope.get("type") != "http":
             await self.app(scope, receive, send)
+            return
+        if self._auth is not None and not self._auth.accepts(scope):
+            # vLLM's own 401, before we read the body or touch the grant store
+            await self.app(scope, receive, send)
+            return
+        route = _route(self._router, scope)
+        if route.decision == "passthrough" or route.decision == "count_only":
+            await self.app(scope, receive, send)
+            return
+        if route.decision == "stored":
+            await _send_json(send, 400, _unguarded_endpoint(scope, route.template).to_openai())
             return
         body, disconnected = await _read_body(receive)
         if disconnected:
@@ -307,10 +377,20 @@ class AllowedToolsMiddleware:
             data = json.loads(body)
         except ValueError:
             data = None
-        if not isinstance(data, dict):   # vLLM answers malformed JSON itself
+        if route.decision == "no_tools" or not isinstance(data, dict):
+            key = carries_tools(data)
+            if key is not None:
+                await _send_json(send, 400, _unguarded_endpoint(scope, route.template, key).to_openai())
+                return
+            # no tools, or not a JSON object: vLLM answers as it always does
             await self.app(scope, _Stop().receive(body, receive), send)
             return
+        api: Api = route.api   # type: ignore[assignment]
+        render = route.decision == "render"
         try:
+            data = normalise_fields(data, api)
+            _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,
+                                       render=render)
             rewritten = rewrite_request(data, api)
         except AllowedToolsError as exc:
             await _send_json(send, exc.status, exc.to_openai())
@@ -325,9 +405,10 @@ class AllowedToolsMiddleware:
             try:
                 if api == "responses":   # it may read and write the grant store: off the loop
                     rewritten, approvals, direct = await asyncio.to_thread(
-                        self._approvals, scope, data, rewritten, api)
+                        self._approvals, scope, data, rewritten, api, render)
                 else:
-                    rewritten, approvals, direct = self._approvals(scope, data, rewritten, api)
+                    rewritten, approvals, direct = self._approvals(scope, data, rewritten, api,
+                                                                   render)
             except AllowedToolsError as exc:
                 if isinstance(exc, GrantStoreUnavailable):
                     _log_store_down(exc)
@@ -350,8 +431,9 @@ class AllowedToolsMiddleware:
                             approvals)
         await self.app(scope, stop.receive(body, receive), send)
 
-    def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api):
-        """(rewritten request, the response-side approvals or None, calls to release directly)."""
+    def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api, render: bool):
+        """(rewritten request, the response-side approvals or None, calls to release directly).
+        A render request never reaches the grant store: it cannot answer an elicitation."""
         from ..approvals.policy import check_hints
         from ..approvals.wire import (
             ResponseApprovals,
@@ -360,15 +442,17 @@ class AllowedToolsMiddleware:
             session_of,
             strip_approval_hints,
         )
-        from ..policy import resolve_policy
+        from ..policy import resolve_callable_catalog
         check_hints(data, self.approvals.policy)   # a bad `approval` object: 400 before generation
         body = strip_approval_hints(rewritten.body)
-        if api != "responses":
+        if render:
+            _refuse_approval_items(data)
+        if api != "responses" or render:
             return replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body), \
                 None, None
         principal = principal_from_headers(scope.get("headers", []))
         session = session_of(data)
-        catalog = rewritten.policy or resolve_policy(data, "responses")
+        catalog = rewritten.policy or resolve_callable_catalog(data, "responses")
         prepared = prepare_request(self.approvals, body, principal=principal, session=session,
                                    catalog=catalog)
         if prepared.direct_output is not None:
@@ -402,3 +486,52 @@ def _output_policy(rewritten: Any, body: dict, api: Api) -> Any:
     if body.get("tools"):
         return CatalogPolicy.from_request(body, api)
     return None
+
+
+def _route(router: Any, scope: Scope) -> RouteDecision:
+    routes = getattr(router, "routes", None)
+    if routes is None:
+        router = find_router(scope.get("app"))
+        routes = getattr(router, "routes", ())
+    return decide(matched_template(routes, scope), str(scope.get("method", "GET")).upper())
+
+
+def _unguarded_endpoint(scope: Scope, template: str | None, key: str | None = None) -> AllowedToolsError:
+    """The 400 for a route that would serve tool calls past the guard and the approvals."""
+    endpoint = f"{scope.get('method', 'POST')} {template or scope.get('path', '')}"
+    what = f"a request with `{key}`" if key else "this endpoint"
+    return AllowedToolsError(
+        f"{endpoint} is not guarded by vllm-allowed-tools, so this server refuses {what} there: "
+        "tool calls are served only on POST /v1/chat/completions and POST /v1/responses, where "
+        "the allowed-tools policy, the output guard and the approvals apply. Send the request to "
+        "one of those.", param=key, code=CODE_UNGUARDED_ENDPOINT)
+
+
+def _refuse_unguardable_fields(body: dict, api: Api, *, approvals: bool, render: bool) -> None:
+    """Fields whose output or history the guard never sees: background responses (fetched later
+    from vLLM's store, unguarded) and, with approvals, ``previous_response_id`` (history from
+    vLLM's store, where gated calls stand as if they had been released)."""
+    if api != "responses" or render or not body.get("tools"):
+        return
+    if body.get("background"):
+        raise AllowedToolsError(
+            "`background: true` is not supported with tools under vllm-allowed-tools: a background "
+            "response is fetched later from vLLM's store, past the output guard. Send the request "
+            "with `background: false`.", param="background", code=CODE_UNGUARDED_ENDPOINT)
+    if approvals and body.get("previous_response_id") is not None:
+        raise AllowedToolsError(
+            "`previous_response_id` is not supported while tool-call approvals are on: vLLM would "
+            "rebuild the history from its own store, where a call waiting for approval stands as "
+            "if it had been made. Send the whole conversation in `input` instead.",
+            param="previous_response_id", code=CODE_UNGUARDED_ENDPOINT)
+
+
+def _refuse_approval_items(body: dict) -> None:
+    """Render endpoints never consume an elicitation or mint a grant, so they take no answers."""
+    for index, item in enumerate(body.get("input") if isinstance(body.get("input"), list) else ()):
+        if isinstance(item, dict) and item.get("type") in ("elicitation", "elicitation_response"):
+            raise AllowedToolsError(
+                f"input[{index}] is an `{item['type']}` item; render endpoints do not answer or "
+                "replay approvals. Render the conversation without elicitation items, or send the "
+                "answer to POST /v1/responses.", param=f"input[{index}]",
+                code="approval_items_not_rendered")
