@@ -97,9 +97,11 @@ __all__ = [
     "ChatStreamGuard",
     "GuardedSSE",
     "ResponsesStreamGuard",
+    "SOURCE_UNREADABLE",
     "check_chat_completion",
     "check_responses_object",
     "flat_name",
+    "unreadable_violation",
 ]
 
 CODE_VIOLATION = "allowed_tools_violation"
@@ -107,6 +109,8 @@ NAMESPACE_SEPARATOR = "__"
 
 _STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed tools. The call was "
                    "withheld and the response stopped (allowed_tools_violation); retry the request.")
+
+SOURCE_UNREADABLE = "unreadable"   # metrics source of a response the guard could not read
 
 
 @runtime_checkable
@@ -221,6 +225,17 @@ def _refuse(policy: Any, name: str | None, kind: str, source: str, *,
     else:
         message = _STREAM_MESSAGE
     return AllowedToolsViolation(message, name=name, source=source, kind=kind)
+
+
+def unreadable_violation(what: str) -> AllowedToolsViolation:
+    """The violation for a response the guard cannot read while a policy applies (``what`` says
+    which part: an unknown content type, a body that is not JSON, a stream event whose data is not
+    a JSON object): it may hold a call, so it is refused like one (source ``unreadable``). Not
+    counted here: the caller counts it when it refuses."""
+    return AllowedToolsViolation(
+        f"The response could not be checked against this turn's tools ({what}), so it was withheld "
+        f"(allowed_tools_violation); retry the request.", name=None, source=SOURCE_UNREADABLE,
+        kind="unreadable")
 
 
 def _allowed(policy: Any, name: str | None, kind: str) -> bool:
@@ -505,11 +520,17 @@ class ResponsesStreamGuard:
     # -- failure
 
     def _fail(self, name: str | None, kind: str) -> list[dict[str, Any]]:
-        violation = _refuse(self.policy, name, kind, self.source, public_name=False)
+        return self.refuse(_refuse(self.policy, name, kind, self.source, public_name=False))
+
+    def refuse(self, violation: AllowedToolsViolation) -> list[dict[str, Any]]:
+        """End the stream now with ``violation`` (counted under its ``source``): the closing events
+        of a violation. :class:`GuardedSSE` uses it for an event it cannot read."""
+        if self.terminal:
+            return []
         self.violation = violation
         self._held = None
         self._pending = None
-        record_violation(self.source)
+        record_violation(violation.source)
         out: list[dict[str, Any]] = []
         output: list[dict[str, Any]] = []
         for index in sorted(self._sent, key=_index_key):
@@ -652,10 +673,16 @@ class ChatStreamGuard:
         return out
 
     def _fail(self, name: str | None, kind: str) -> list[dict[str, Any]]:
-        violation = _refuse(self.policy, name, kind, self.source, public_name=False)
+        return self.refuse(_refuse(self.policy, name, kind, self.source, public_name=False))
+
+    def refuse(self, violation: AllowedToolsViolation) -> list[dict[str, Any]]:
+        """End the stream now with ``violation`` (counted under its ``source``): the error chunk.
+        :class:`GuardedSSE` uses it for an event it cannot read."""
+        if self.terminal:
+            return []
         self.violation = violation
         self._held = []
-        record_violation(self.source)
+        record_violation(violation.source)
         self.terminal = True   # before the terminal chunk leaves this method
         return [violation.to_openai()]
 
@@ -671,8 +698,15 @@ class GuardedSSE:
     ``feed(chunk) -> bytes`` to send now; ``close() -> bytes`` when upstream ended; ``terminal``
     once a violation ended the stream (stop reading upstream then and close it). For a Chat stream a
     violation sends the error chunk followed by ``data: [DONE]``; upstream's ``[DONE]`` first gives
-    the guard the end of the stream (``finish``), then passes. Events without JSON data (comments,
-    keep-alives) pass at once: they carry no call.
+    the guard the end of the stream (``finish``), then passes.
+
+    Framing is the SSE spec's (:mod:`~vllm_allowed_tools.sse`: CRLF, LF and CR line ends, in any
+    chunking), so the guard reads exactly the events a client will dispatch. Events without data
+    (comments, keep-alives, a bare ``event:``) pass at once: a client dispatches nothing for them.
+    An event whose data is neither ``[DONE]`` nor a JSON object cannot be read, so it might hide a
+    call: it ends the stream as a violation (source ``unreadable``). A partial event left when
+    upstream ends (no closing empty line) is dropped, not forwarded: clients never dispatch it, and
+    the guard does not send bytes it has not judged.
     """
 
     def __init__(self, guard: ResponsesStreamGuard | ChatStreamGuard) -> None:
@@ -694,22 +728,7 @@ class GuardedSSE:
         if self.guard.terminal or self._closed:
             return b""
         out: list[bytes] = []
-        for event in self._framer.feed(chunk):
-            if self.guard.terminal:
-                break
-            if event.data == "[DONE]":
-                self._emit(self.guard.finish(), out)
-                if not self.guard.terminal:
-                    out.append(event.raw)
-                continue
-            data = event.json()
-            if data is None:
-                out.append(event.raw)
-                continue
-            self._raw[id(data)] = (data, event.raw)
-            self._emit(self.guard.feed(data), out)
-            if not self.guard.holding:
-                self._raw.clear()
+        self._take(self._framer.feed(chunk), out)
         return b"".join(out)
 
     def close(self) -> bytes:
@@ -720,10 +739,33 @@ class GuardedSSE:
         if self.guard.terminal:
             return b""
         out: list[bytes] = []
-        self._emit(self.guard.finish(), out)
+        self._take(self._framer.close(), out)    # events only the end completes (a final CR)
         if not self.guard.terminal:
-            out.append(self._framer.flush())
+            self._emit(self.guard.finish(), out)
+        self._framer.flush()   # a partial event: never dispatched by a client, never forwarded
         return b"".join(out)
+
+    def _take(self, events: list[SSEEvent], out: list[bytes]) -> None:
+        for event in events:
+            if self.guard.terminal:
+                return
+            if event.data is None:
+                out.append(event.raw)
+                continue
+            if event.data == "[DONE]":
+                self._emit(self.guard.finish(), out)
+                if not self.guard.terminal:
+                    out.append(event.raw)
+                continue
+            data = event.json()
+            if not isinstance(data, dict):
+                self._emit(self.guard.refuse(unreadable_violation(
+                    "a stream event whose data is not a JSON object")), out)
+                return
+            self._raw[id(data)] = (data, event.raw)
+            self._emit(self.guard.feed(data), out)
+            if not self.guard.holding:
+                self._raw.clear()
 
     def _emit(self, items: list[Any], out: list[bytes]) -> None:
         for item in items:

@@ -7,7 +7,8 @@ The counters live on prometheus_client's default ``REGISTRY`` because that is wh
   with a 400 (its fault; see ``errors.SELECTION_REASONS``).
 * ``vllm_allowed_tools:violations_total{source}``: the model/parser produced a call outside the
   allowlist and we stopped it (``parser``, ``unary_guard``, ``stream_guard``): our stack's fault, or
-  the model's.
+  the model's; ``unreadable``: a response the guard could not read while a policy applied was
+  refused in its place.
 * ``vllm_allowed_tools:fallbacks_total{kind}``: an explicitly enabled compatibility fallback (such
   as catalog filtering) was used; such requests do not have the full cache-friendly contract.
 
@@ -32,7 +33,9 @@ __all__ = [
     "snapshot",
 ]
 
-VIOLATION_SOURCES = frozenset({"parser", "unary_guard", "stream_guard"})
+# unreadable: a response the guard could not read while a policy applied (unknown content type, a
+# body or stream event that is not JSON) was refused, since it may have held a call
+VIOLATION_SOURCES = frozenset({"parser", "unary_guard", "stream_guard", "unreadable"})
 
 # family -> (prometheus name, label name, help)
 METRIC_NAMES: dict[str, tuple[str, str, str]] = {

@@ -1,14 +1,36 @@
 """Incremental Server-Sent-Events framing: bytes in any chunking -> whole events -> bytes.
 
-Pure and byte-exact: an event that nobody rewrites is re-emitted exactly as it arrived, so a
-passthrough over any chunking of a stream reproduces the stream.
+Framing follows the WHATWG HTML "Server-sent events" parsing rules exactly, because a client parses
+the bytes with them: whatever the guard reads as one event, a client must read as the same event.
+
+* A line ends at CRLF, LF or CR (all three, mixed freely in one stream). A CR that is the last byte
+  seen so far may be the first half of a CRLF, so it is not decided until the next byte arrives or
+  the stream ends (:meth:`SSEFramer.close`); a CRLF split across two chunks is one line end.
+* An event ends at an empty line. Its fields are its lines: ``name:value`` (one space after the
+  colon is dropped), a line without a colon is a field with an empty value, a line starting with a
+  colon is a comment. ``data`` lines are joined with ``"\\n"``; field names are case-sensitive.
+* Only CR and LF end lines: other characters Python's ``str.splitlines`` breaks on (``\\x0b``,
+  ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) are data, as JSON may carry them raw.
+* One UTF-8 byte order mark at the very start of the stream is ignored (it stays in the bytes).
+* A stream that ends before an event's empty line leaves that partial event undispatched: clients
+  drop it; :meth:`SSEFramer.flush` returns its bytes.
+
+Pure and byte-exact: every byte fed is in exactly one event's ``raw`` or in :meth:`flush`, in order,
+so an event that nobody rewrites is re-emitted exactly as it arrived and a passthrough over any
+chunking of a stream reproduces the stream.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
+
+_LINE_END = re.compile(rb"[\r\n]")
+_TEXT_LINES = re.compile(r"\r\n|\r|\n")
+_BOM = "\ufeff"
+_BOM_BYTES = _BOM.encode()
 
 
 @dataclass
@@ -33,32 +55,86 @@ class SSEEvent:
         return f"{head}data: {payload}\n\n".encode()
 
 
-def _parse(raw: bytes) -> SSEEvent:
+def _parse(raw: bytes, first: bool = False) -> SSEEvent:
+    """The fields of one whole event (``raw`` ends with its empty line); ``first``: it opens the
+    stream, so a leading byte order mark is not part of its first field name."""
+    text = raw.decode("utf-8", errors="replace")
+    if first:
+        text = text.removeprefix(_BOM)
     event, data = None, []
-    for line in raw.decode("utf-8", errors="replace").splitlines():
-        if line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
+    for line in _TEXT_LINES.split(text):
+        if not line or line.startswith(":"):
+            continue
+        name, colon, value = line.partition(":")
+        if colon:
+            value = value.removeprefix(" ")
+        if name == "event":
+            event = value
+        elif name == "data":
+            data.append(value)
     return SSEEvent(raw=raw, event=event, data="\n".join(data) if data else None)
 
 
 class SSEFramer:
-    """Feed chunks, get complete events; :meth:`flush` returns a trailing partial event's bytes."""
+    """Feed chunks, get complete events; :meth:`close` at the end of the stream returns the events
+    that only the end completes (a final CR); :meth:`flush` returns a trailing partial event's bytes."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()   # bytes of the events not returned yet
+        self._scan = 0               # bytes of the buffer already split into lines
+        self._line = 0               # where the current, unfinished line starts
+        self._first = True           # the next event opens the stream
+        self._opened = False         # a leading byte order mark was looked for
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        events = []
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end == -1:
-                return events
-            raw, self._buffer = self._buffer[:end + 2], self._buffer[end + 2:]
-            events.append(_parse(raw))
+        self._buffer += chunk
+        return self._events(final=False)
+
+    def close(self) -> list[SSEEvent]:
+        """The stream ended: a CR left undecided ends its line; the events that completes."""
+        return self._events(final=True)
 
     def flush(self) -> bytes:
-        rest, self._buffer = self._buffer, b""
+        """The bytes not returned in an event (a partial event, never dispatched); resets."""
+        rest = bytes(self._buffer)
+        self._buffer, self._scan, self._line, self._first = bytearray(), 0, 0, True
+        self._opened = False
         return rest
+
+    def _events(self, *, final: bool) -> list[SSEEvent]:
+        buffer, events = self._buffer, []
+        if not self._opened:   # a leading BOM is no part of the first line (it may come in pieces)
+            if not final and len(buffer) < len(_BOM_BYTES) and _BOM_BYTES.startswith(buffer):
+                return events
+            self._opened = True
+            if buffer.startswith(_BOM_BYTES):
+                self._line = self._scan = len(_BOM_BYTES)
+        start = 0                    # where the current event starts
+        at = self._scan
+        while True:
+            found = _LINE_END.search(buffer, at)
+            if found is None:
+                at = len(buffer)
+                break
+            end = found.start()
+            if buffer[end] == 0x0D:                       # CR: alone, or the first half of CRLF
+                if end + 1 < len(buffer):
+                    after = end + 2 if buffer[end + 1] == 0x0A else end + 1
+                elif final:
+                    after = end + 1
+                else:                                     # undecided until the next byte
+                    at = end
+                    break
+            else:
+                after = end + 1
+            if end == self._line:                         # an empty line: the event ends
+                events.append(_parse(bytes(buffer[start:after]), self._first))
+                self._first = False
+                start = after
+            self._line = at = after
+        if start:
+            del buffer[:start]
+            at -= start
+            self._line -= start
+        self._scan = at
+        return events
