@@ -5,16 +5,30 @@ from __future__ import annotations
 import pytest
 
 from vllm_allowed_tools.errors import CapabilityError
-from vllm_allowed_tools.vllm_glue.capabilities import check_server_args, structured_output_backend
+from vllm_allowed_tools.vllm_glue.capabilities import (ServerCapabilities, check_server_args,
+                                                       structured_output_backend)
 
 BASE = ["vllm", "serve", "m", "--tool-call-parser", "allowed_hermes"]
 NATIVE = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}
 
 
 def test_good_configuration_passes():
-    check_server_args(BASE + ["--structured-outputs-config.backend", "xgrammar"], environ={})
-    check_server_args(BASE, environ={})                          # backend auto tries xgrammar first
-    check_server_args(["python", "-m", "pytest"], environ={})    # not a server: nothing to check
+    """xgrammar, or ``auto`` (which tries xgrammar first), with our parser: accepted, served by the
+    stage ``auto`` picks for the device; the template of a hub id is not guessed, nothing is
+    filtered. A command line that is not a server's is accepted with nothing checked."""
+    assert structured_output_backend(BASE) == "auto"
+    for argv in (BASE + ["--structured-outputs-config.backend", "xgrammar"], BASE):
+        for environ, stage in (({"VLLM_TARGET_DEVICE": "cpu"}, "logits-processor"),
+                               (GPU, "native"), ({**GPU, **NATIVE}, "native")):
+            assert check_server_args(argv, environ=environ) == ServerCapabilities(
+                template=None, template_renders_policy=None, filter_catalog=False,
+                constraint_stage=stage), (argv, environ)
+        caps = check_server_args(argv, environ={})   # the device as vLLM detects it here
+        assert caps.constraint_stage in ("native", "logits-processor") and not caps.filter_catalog
+    not_a_server = ["python", "-m", "pytest", "--tool-call-parser", "hermes"]
+    assert check_server_args(not_a_server, environ={"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}) \
+        == ServerCapabilities(template=None, template_renders_policy=None, filter_catalog=False,
+                              constraint_stage="native")
 
 
 @pytest.mark.parametrize("backend", ["guidance", "outlines", "lm-format-enforcer"])

@@ -67,9 +67,12 @@ class Scenario:
 
 
 @st.composite
-def scenarios(draw) -> Scenario:
-    """A recorded stream, or a variant of it (a chat name split over chunks, a late Responses name)."""
-    name = draw(st.sampled_from(RESPONSES + CHAT))
+def scenarios(draw, with_calls: bool = False) -> Scenario:
+    """A recorded stream, or a variant of it (a chat name split over chunks, a late Responses name);
+    ``with_calls``: only streams that carry at least one function call."""
+    name = draw(st.sampled_from([n for n in RESPONSES + CHAT if not with_calls
+                                 or (chat_calls(PARSED[n]) if n.startswith("chat")
+                                     else _responses_calls(PARSED[n]))]))
     chat = name.startswith("chat")
     events = copy.deepcopy(PARSED[name])
     variant = draw(st.sampled_from(["recorded", "late_name" if not chat else "split_name"]))
@@ -151,11 +154,10 @@ def test_allowed_only_streams_pass_through_byte_for_byte(scenario, sizes):
 
 
 @SETTINGS
-@given(scenarios(), chunk_sizes, st.data())
+@given(scenarios(with_calls=True), chunk_sizes, st.data())
 def test_disallowed_call_never_leaks_and_ends_with_one_terminal_event(scenario, sizes, data):
     api, raw, calls = scenario.api, scenario.raw, scenario.calls
-    if not calls:
-        return
+    assert calls, scenario           # scenarios(with_calls=True) draws only streams with a call
     bad_name = data.draw(st.sampled_from(sorted({call["name"] for call in calls})))
     out, guarded = _guard(_chunked(raw, sizes), api, CatalogPolicy([n for n in NAMES if n != bad_name]))
     assert guarded.terminal and guarded.violation is not None
