@@ -9,21 +9,28 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
+import os
+import sqlite3
+import stat
 
 import pytest
 
 from vllm_allowed_tools.approvals import (
     ApprovalInputError,
     ApprovalPolicy,
+    PostgresGrantStore,
     ProposedCall,
+    SQLiteGrantStore,
     ToolCallApproval,
     open_engine,
 )
 from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals import open_store
 from vllm_allowed_tools.approvals.policy import check_hints
-from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.approvals.wire import ResponseApprovals, principal_from_headers
 from vllm_allowed_tools.policy import ToolIdentity, resolve_policy
 
 _SEND = {"type": "function", "name": "send_email", "description": "Send an email.",
@@ -231,3 +238,99 @@ def test_a_valid_hint_reaches_vllm(tmp_path, monkeypatch):
     body = {"model": "m", "input": "hi", "tools": [{**_SEND, "approval": {"scopes": ["once"]}}]}
     _, _, reached_vllm = _through_middleware(tmp_path, monkeypatch, "/v1/responses", body)
     assert reached_vllm
+
+
+# ------------------------------------------------- grant store: private files, keyed principals
+
+
+def _mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_sqlite_store_files_are_created_owner_only(tmp_path):
+    db = tmp_path / "grants.db"
+    old = os.umask(0o022)   # the usual umask: files would come out 0644
+    try:
+        store = SQLiteGrantStore(db)
+        engine = open_engine(HINT_POLICY, store)
+        engine.propose(ProposedCall(call_id="c1", identity=ToolIdentity(None, "send_email"),
+                                    arguments="{}", definition_digest="sha256:" + "0" * 64),
+                       principal="alice", session="s1")   # a write: -wal and -shm exist now
+        for path in (db, f"{db}-wal", f"{db}-shm"):
+            assert _mode(path) == 0o600, path
+        store.close()
+    finally:
+        os.umask(old)
+
+
+def test_an_existing_store_keeps_its_mode_and_a_readable_one_is_reported(tmp_path, caplog):
+    db = tmp_path / "grants.db"
+    SQLiteGrantStore(db).close()
+    os.chmod(db, 0o640)
+    with caplog.at_level("WARNING", logger="vllm_allowed_tools.approvals.store"):
+        SQLiteGrantStore(db).close()
+    assert _mode(db) == 0o640
+    assert "chmod 600" in caplog.text and str(db) in caplog.text
+
+
+def _bearer(token):
+    return [(b"authorization", b"Bearer " + token.encode())]
+
+
+def test_principal_is_an_hmac_under_the_store_secret(tmp_path):
+    one, same = SQLiteGrantStore(tmp_path / "a.db"), SQLiteGrantStore(tmp_path / "a.db")
+    other = SQLiteGrantStore(tmp_path / "b.db")
+    secret = one.principal_secret
+    assert isinstance(secret, bytes) and len(secret) == 32
+    assert same.principal_secret == secret != other.principal_secret   # per store, shared by all
+    principal = principal_from_headers(_bearer("sk-1234"), secret)
+    expected = hmac.new(secret, b"sk-1234", hashlib.sha256).hexdigest()[:32]
+    assert principal == "key:" + expected
+    assert principal != "key:" + hashlib.sha256(b"sk-1234").hexdigest()[:24]   # the old format
+    assert principal == principal_from_headers(_bearer("sk-1234"), same.principal_secret)
+    assert principal != principal_from_headers(_bearer("sk-1234"), other.principal_secret)
+    assert principal_from_headers([], secret) == "anonymous"
+    with pytest.raises(ValueError, match="principal_secret"):
+        principal_from_headers(_bearer("sk-1234"), b"")
+    for store in (one, same, other):
+        store.close()
+
+
+def test_a_schema_1_store_gains_a_secret_when_opened(tmp_path):
+    db = tmp_path / "grants.db"
+    SQLiteGrantStore(db).close()
+    with sqlite3.connect(db) as conn:   # as a version-1 store left it
+        conn.execute("DROP TABLE store_secrets")
+        conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    store = SQLiteGrantStore(db)
+    assert len(store.principal_secret) == 32
+    assert SQLiteGrantStore(db).principal_secret == store.principal_secret
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    conn.close()
+    store.close()
+
+
+def test_postgres_store_shares_one_principal_secret():
+    from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
+
+    dsn = os.environ.get("VLLM_ALLOWED_TOOLS_TEST_POSTGRES")
+    pg = None
+    if not dsn:
+        try:
+            pg = ThrowawayPostgres.start()
+        except PostgresUnavailable as exc:
+            pytest.skip(f"PostgreSQL principal secret not tested: {exc}")
+        dsn = pg.dsn
+    try:
+        first, second = PostgresGrantStore(dsn), PostgresGrantStore(dsn)   # two API servers
+        assert len(first.principal_secret) == 32
+        assert first.principal_secret == second.principal_secret
+        assert principal_from_headers(_bearer("k"), first.principal_secret) == \
+            principal_from_headers(_bearer("k"), second.principal_secret)
+        first.close()
+        second.close()
+    finally:
+        if pg is not None:
+            pg.close()

@@ -48,11 +48,12 @@ def _approvals(engine, body, session="s1"):
                              session=session)
 
 
-def test_principal_comes_from_the_credential_not_the_body():
-    assert principal_from_headers([]) == "anonymous"
-    one = principal_from_headers([(b"authorization", b"Bearer secret-1")])
+def test_principal_comes_from_the_credential_not_the_body(engine):
+    secret = engine.store.principal_secret
+    assert principal_from_headers([], secret) == "anonymous"
+    one = principal_from_headers([(b"authorization", b"Bearer secret-1")], secret)
     assert one.startswith("key:") and "secret" not in one
-    assert one != principal_from_headers([(b"authorization", b"Bearer secret-2")])
+    assert one != principal_from_headers([(b"authorization", b"Bearer secret-2")], secret)
     assert session_of({"conversation": {"id": "c1"}}) == "conversation:c1"
     assert session_of({"prompt_cache_key": "k"}) == "cache_key:k" and session_of({}) is None
 

@@ -25,6 +25,16 @@ Backends:
 * :class:`PostgresGrantStore` (several hosts): the same SQL through :mod:`psycopg` (3), the pending
   row locked with ``SELECT ... FOR UPDATE`` while it is consumed.
 
+**Secrets at rest.** Each store holds one random **principal secret** (32 bytes, table
+``store_secrets``), generated when the schema is created and read once per store object
+(:attr:`GrantStore.principal_secret`): principals are an HMAC of the caller's credential under it
+(:func:`~.wire.principal_from_headers`), so every API server process and replica sharing the store
+derives the same principal, and a principal seen elsewhere (a grant listing, a log) does not let
+anyone test guesses of weak API keys without also reading the store. The SQLite file is therefore
+created owner-only (``0600``), and so are its ``-wal`` and ``-shm`` files (SQLite gives them the
+main file's mode); an existing file keeps the mode its operator gave it (a warning is logged when
+others may read it).
+
 All methods are blocking: call them from a worker thread (``asyncio.to_thread``) in an event loop.
 Times are Unix seconds (floats; wire ``expires_at`` are whole seconds).
 
@@ -45,8 +55,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import secrets
 import sqlite3
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -72,7 +85,11 @@ __all__ = [
     "store_timeout_from_env",
 ]
 
-SCHEMA_VERSION = 1
+#: 2: the ``store_secrets`` table (the principal secret). An older server opening a version-2 file
+#: refuses it: it would derive other principals from the same credentials.
+SCHEMA_VERSION = 2
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable: seconds a store operation may wait (SQLite busy timeout, PostgreSQL
 #: connect and lock timeouts) before the store counts as unavailable.
@@ -205,6 +222,10 @@ class ConsumeResult:
 class GrantStore(Protocol):
     """Storage of elicitation records and grants. Every method is atomic on its own."""
 
+    #: The store's principal secret (see the module docstring): the same bytes for every store
+    #: object on the same database, for as long as the database lives.
+    principal_secret: bytes
+
     def add_elicitations(self, records: Sequence[ElicitationRecord]) -> None:
         """Insert new pending records (all or none)."""
 
@@ -295,7 +316,23 @@ _SCHEMA = [
         CHECK ((scope = 'session') = (session IS NOT NULL))
     )""",
     "CREATE INDEX IF NOT EXISTS grants_lookup ON grants (subject, name, namespace)",
+    """CREATE TABLE IF NOT EXISTS store_secrets (
+        name TEXT PRIMARY KEY,
+        value TEXT NOT NULL                  -- hex
+    )""",
 ]
+
+_PRINCIPAL_SECRET = "principal"
+
+
+def _principal_secret(cur: Any) -> bytes:
+    """The store's principal secret, generated on first use (inside the schema transaction, so
+    concurrent first starts agree on one: the loser's insert does nothing and it reads the winner's).
+    """
+    cur.execute("INSERT INTO store_secrets (name, value) VALUES (?, ?) ON CONFLICT (name) DO NOTHING",
+                (_PRINCIPAL_SECRET, secrets.token_hex(32)))
+    cur.execute("SELECT value FROM store_secrets WHERE name = ?", (_PRINCIPAL_SECRET,))
+    return bytes.fromhex(cur.fetchone()[0])
 
 _ELICITATION_COLUMNS = (
     "id", "elicitation_type", "principal", "session", "batch_id", "call_id", "namespace", "name",
@@ -508,6 +545,46 @@ class _SQLStore:
 # --------------------------------------------------------------------------------------------------
 # SQLite
 
+_SQLITE_SIDE_FILES = ("-wal", "-shm")
+
+
+def _create_private(path: Path) -> bool:
+    """Create the database file owner-only (0600) before SQLite opens it; False when it exists.
+
+    It holds grants, pending calls' arguments and the principal secret. An explicit mode plus
+    ``fchmod`` instead of changing the umask: the umask is process-wide, and other threads of the
+    server create files meanwhile. Where the file cannot be created, SQLite's own open reports why.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return False
+    try:
+        os.fchmod(fd, 0o600)   # exactly 0600 whatever the umask (a umask may not leave us writing)
+    finally:
+        os.close(fd)
+    return True
+
+
+def _make_private(path: Path) -> None:
+    """0600 for the -wal and -shm files of a database this store created. SQLite already gives
+    them the main file's mode; this makes it so whatever the SQLite build does."""
+    for suffix in _SQLITE_SIDE_FILES:
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
+
+
+def _warn_if_readable(path: Path) -> None:
+    """An existing store keeps its operator's mode; say so when others may read its secrets."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    if mode & 0o077:
+        logger.warning("grant store %s has mode %04o: other users may read its grants and its "
+                       "principal secret; run `chmod 600 %s` (and its -wal and -shm files)",
+                       path, mode, path)
+
 
 class SQLiteGrantStore(_SQLStore):
     """The embedded store: one SQLite file in WAL mode (see the module docstring).
@@ -529,6 +606,7 @@ class SQLiteGrantStore(_SQLStore):
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
         self._create = True
+        created = _create_private(self.path)
         try:
             with self._tx() as cur:
                 (version,) = cur.execute("PRAGMA user_version").fetchone()
@@ -540,6 +618,11 @@ class SQLiteGrantStore(_SQLStore):
                     cur.execute(statement)
                 if version < SCHEMA_VERSION:
                     cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                self.principal_secret = _principal_secret(cur)
+            if created:
+                _make_private(self.path)
+            else:
+                _warn_if_readable(self.path)
         except GrantStoreUnavailable as exc:
             raise GrantStoreUnavailable(exc.cause, store="SQLite file", detail=(
                 f"cannot open the grant store {self.path}: {exc.detail}. Check the path "
@@ -692,6 +775,7 @@ class PostgresGrantStore(_SQLStore):
                 cur.execute("SELECT pg_advisory_xact_lock(727274)")  # one schema creator at a time
                 for statement in _SCHEMA:
                     cur.execute(statement)
+                self.principal_secret = _principal_secret(cur)
         except GrantStoreUnavailable as exc:
             raise GrantStoreUnavailable(exc.cause, store="PostgreSQL", detail=(
                 f"cannot open the grant store: {exc.detail}. Check the DSN "

@@ -41,15 +41,17 @@ one ``response.failed`` (:meth:`ApprovalStream.fail`, error code ``grant_store_u
 gated call is never released. Requests that cannot call a gated tool do not touch the store.
 
 Who is asking: the principal is derived from the request's credential (``Authorization: Bearer``,
-hashed), never from a field the client can simply assert; without a credential, one documented
-anonymous principal. The session is the Responses ``conversation`` id, else ``prompt_cache_key``
-(Codex sends its session id there), else none (then the ``session`` scope is not offered).
+an HMAC under the grant store's secret: :func:`principal_from_headers`), never from a field the
+client can simply assert; without a credential, one documented anonymous principal. The session is
+the Responses ``conversation`` id, else ``prompt_cache_key`` (Codex sends its session id there),
+else none (then the ``session`` scope is not offered).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
@@ -64,14 +66,27 @@ from .policy import approval_hint
 ANONYMOUS = "anonymous"
 
 
-def principal_from_headers(headers: Sequence[tuple[bytes, bytes]]) -> str:
+def principal_from_headers(headers: Sequence[tuple[bytes, bytes]], secret: bytes) -> str:
+    """The principal behind a request's credential: ``key:`` and the first 32 hex digits of
+    HMAC-SHA256(``secret``, bearer token); :data:`ANONYMOUS` without a credential.
+
+    ``secret`` is the grant store's :attr:`~.store.GrantStore.principal_secret`: every API server
+    process and replica sharing the store derives the same principal from the same key. Keyed, not
+    a bare hash: whoever sees a principal (a grant listing, a log, an audit export) cannot test
+    guesses of a weak API key offline without also reading the store. Grants stored under the
+    earlier format (``key:`` and a truncated sha256 of the token) match no caller any more: the
+    next gated call of their holder is asked about again.
+    """
+    if not isinstance(secret, bytes) or len(secret) < 16:
+        raise ValueError("principal_from_headers needs the grant store's principal_secret (at least "
+                         "16 bytes), e.g. engine.store.principal_secret")
     for key, value in headers:
         if key.lower() == b"authorization":
             token = value.decode("latin-1").strip()
             if token.lower().startswith("bearer "):
                 token = token[7:].strip()
             if token:
-                return "key:" + hashlib.sha256(token.encode()).hexdigest()[:24]
+                return "key:" + hmac.new(secret, token.encode("latin-1"), "sha256").hexdigest()[:32]
     return ANONYMOUS
 
 

@@ -450,7 +450,8 @@ class AllowedToolsMiddleware:
         if api != "responses" or render:
             return replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body), \
                 None, None
-        principal = principal_from_headers(scope.get("headers", []))
+        principal = principal_from_headers(scope.get("headers", []),
+                                           self.approvals.store.principal_secret)
         session = session_of(data)
         catalog = rewritten.policy or resolve_callable_catalog(data, "responses")
         prepared = prepare_request(self.approvals, body, principal=principal, session=session,
