@@ -181,3 +181,18 @@ def test_decisions_are_by_template_and_method():
     assert decide("/v1/chat/completions", "GET").decision == "passthrough"
     assert decide(None, "POST").decision == "no_tools"
     assert decide("/v1/responses/{response_id}", "GET").decision == "stored"
+
+
+@pytest.mark.parametrize(("path", "tool"), [
+    ("/v1/responses", {"type": "custom", "name": GATED, "description": "free-form"}),
+    ("/v1/chat/completions", {"type": "custom", "custom": {"name": GATED}}),
+])
+def test_a_gated_custom_tool_is_refused_before_generation(served, path, tool):
+    client, _ = served
+    body = {"model": "m", "tools": [tool],
+            **({"input": "hi"} if path == "/v1/responses" else
+               {"messages": [{"role": "user", "content": "hi"}]})}
+    answer = client.post(path, json=body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["code"] == "custom_tool_needs_approval"
+    assert answer.json()["error"]["param"] == "tools[0]"

@@ -444,6 +444,7 @@ class AllowedToolsMiddleware:
         )
         from ..policy import resolve_callable_catalog
         check_hints(data, self.approvals.policy)   # a bad `approval` object: 400 before generation
+        _refuse_gated_custom_tools(data, self.approvals)
         body = strip_approval_hints(rewritten.body)
         if render:
             _refuse_approval_items(data)
@@ -536,3 +537,29 @@ def _refuse_approval_items(body: dict) -> None:
                 "replay approvals. Render the conversation without elicitation items, or send the "
                 "answer to POST /v1/responses.", param=f"input[{index}]",
                 code="approval_items_not_rendered")
+
+
+def _custom_tool_names(body: dict) -> list[tuple[int, str]]:
+    """(index, name) of the request's ``custom`` tools (Responses flat shape, Chat nested)."""
+    found = []
+    for index, tool in enumerate(body.get("tools") or ()):
+        if isinstance(tool, dict) and tool.get("type") == "custom":
+            inner = tool.get("custom") if isinstance(tool.get("custom"), dict) else tool
+            if isinstance(inner.get("name"), str):
+                found.append((index, inner["name"]))
+    return found
+
+
+def _refuse_gated_custom_tools(body: dict, engine: Any) -> None:
+    """A ``custom`` tool the approval policy gates is refused before generation: its calls
+    (``custom_tool_call``, free-form input) cannot be elicited and released yet, and serving them
+    unasked would skip the approval. Ungated custom tools are served as before."""
+    from ..policy import ToolIdentity
+    for index, name in _custom_tool_names(body):
+        if engine.policy.effective(ToolIdentity(None, name)).required:
+            raise AllowedToolsError(
+                f"tools[{index}] is the custom tool {name!r}, which this server's approval policy "
+                "gates; approvals are served for function tools only, so a gated custom tool cannot "
+                "be offered. Define it as a function tool (its calls then ask for approval), or ask "
+                "the operator to exempt it.", param=f"tools[{index}]",
+                code="custom_tool_needs_approval")
