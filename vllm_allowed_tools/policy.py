@@ -23,11 +23,9 @@ them exactly as it always did. Decisions taken where the contract is silent:
   function whose flat name equals it; the unique namespace member with that bare name. Several
   members sharing a bare name (and no top-level function of that name) is ``ambiguous_name``. A
   Responses selector may also carry ``"namespace"``: then exactly ``(namespace, name)`` is selected.
-* Under ``allowed_tools`` two catalog functions with the same flat name are rejected (the
-  function-only selector and the flattened model output could not tell them apart): the same
-  identity twice is ``duplicate_tool``, different identities are ``ambiguous_name``. Under plain
-  choices they are left to vanilla vLLM and :meth:`ToolPolicy.lookup` returns the first in canonical
-  order.
+* Two catalog functions with the same flat name are rejected under every choice (a selector, the
+  flattened model output and a grant could not tell them apart): the same identity twice is
+  ``duplicate_tool``, different identities are ``ambiguous_name``.
 * A named choice (``{"type": "function", ...}``) that resolves gives ``choice="named"`` with
   ``allowed={identity}``. One that does not resolve (unknown, ambiguous, malformed) makes
   :func:`resolve_policy` return ``None`` so that vanilla vLLM answers with its own error, unchanged
@@ -41,7 +39,8 @@ them exactly as it always did. Decisions taken where the contract is silent:
 * Catalogs are parsed from a private JSON copy and memoized on their exact JSON text (agents resend
   the same catalog every turn), which keeps resolution of a 128-tool request well under 1 ms.
 * ``parallel_tool_calls`` must be a JSON boolean (or null / absent: ``True``) with ``allowed_tools``.
-  With plain choices a non-boolean is left to vanilla vLLM (``resolve_policy`` returns ``None``).
+  With plain choices a non-boolean is a 400 too (the middleware first coerces it the way vLLM
+  does, see :mod:`.typed_fields`).
 * Selector entries may carry extra keys (some clients send whole tool definitions); only ``type``,
   ``name`` (Chat: ``function.name``) and, on Responses, ``namespace`` are read. The other API's entry
   shape is rejected as ``malformed`` with a message showing the expected one.
