@@ -1,4 +1,5 @@
-"""Hardening of the approvals subsystem: each test here failed before its fix.
+"""Hardening of the approvals subsystem: for each item, tests that failed before its fix, next to
+controls that pin what must keep working.
 
 * hints: a malformed or contradictory tool-definition ``approval`` object is a 400 before generation;
 * the grant store's files are private and principals are keyed with a per-store secret;
