@@ -459,9 +459,6 @@ def test_another_session_cannot_answer_an_elicitation(server):
     _accept_releases(server, elicitation, "s1")   # still answerable where it was asked
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: approvals.wire.prepare_request filters echoed "
-                   "elicitations by principal only, so another session's pending elicitation is "
-                   "shown to the model as an unanswered (declined) call while it stays answerable")
 def test_an_echo_from_another_session_does_not_reach_the_model(server):
     elicitation = _elicit(server, "s1-echo")
     _assert_echo_is_ignored(server, elicitation, "s2-echo", KEY_A)

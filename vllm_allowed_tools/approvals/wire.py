@@ -179,7 +179,7 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
             continue
         echoed = elicitation_at[index]
         record = engine.store.get_elicitation(echoed.id)
-        if record is None or record.principal != principal:
+        if record is None or record.principal != principal or record.session != session:
             continue   # not ours to show: nothing of it reaches the model
         if record.call_id in present_calls:
             continue   # accepted earlier: the released call and its real output are in the history
