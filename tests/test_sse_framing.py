@@ -7,8 +7,9 @@
   with CRLF / CR and cut between CR and LF: a disallowed call is caught, allowed streams pass byte
   for byte; data it cannot read ends the stream as a violation; a partial trailing event is not
   forwarded.
-* The middleware's response side (``_GuardedSend``, driven as a fake ASGI app would): header names and media types compared case-insensitively, and a 2xx answer
-  the guard cannot read refused with a 500 ``allowed_tools_violation`` (counted as ``unreadable``).
+* The middleware's response side (``_GuardedSend``, driven as a fake ASGI app would): header names
+  and media types compared case-insensitively, and a 2xx answer the guard cannot read refused with
+  a 500 ``allowed_tools_violation`` (counted as ``unreadable``).
 """
 
 from __future__ import annotations
