@@ -131,3 +131,101 @@ def test_plain_auto_call_outside_the_catalog_is_refused(faulty_server):
         assert response.status_code == 500
         assert response.json()["error"]["code"] == "allowed_tools_violation"
         assert "no_such_tool_anywhere" in response.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------ a call cut off by the token limit
+# The plugin's own server (allowed_hermes, no faulty parser): a `required` allowlist turn whose token
+# limit cuts the forced call short. The grammar fixes every token of a hermes call up to its
+# arguments (`<tool_call>`, `{"name": "`, the name, `"arguments": `), one small token at a time, so
+# with greedy decoding these outputs are the same on every run: 5 tokens end before the name
+# (`<tool_call>{"name"`), 9 inside it (`... "list`), 19 inside the arguments (`... {"pri`). vLLM's
+# parser hands such a cut-off call out as message text; the answer must be incomplete (Responses
+# `status: incomplete`, reason max_output_tokens; Chat finish_reason `length`) with no piece of the
+# call in any text, unary and streamed (streamed, a call whose name is complete may come out as a
+# call with the arguments it has, as vLLM streams every call: a call, which the guard judges).
+
+CUT_CALL = CATALOG[1].name   # the one allowed tool; its name is the grammar's only choice
+CUT_LIMITS = (5, 9, 19)
+
+
+def _cut_body(api: str, limit: int, stream: bool) -> dict:
+    extra = {"max_tokens" if api == "chat/completions" else "max_output_tokens": limit,
+             "stream": stream, "temperature": 0.0, "seed": 0}
+    body = _chat_body(**extra) if api == "chat/completions" else _responses_body(**extra)
+    tools = [{"type": "function", "function": {"name": CUT_CALL}}] if api == "chat/completions" \
+        else [{"type": "function", "name": CUT_CALL}]
+    choice = body["tool_choice"]
+    (choice["allowed_tools"] if api == "chat/completions" else choice)["tools"] = tools
+    return body
+
+
+def _item_texts(items: list[dict]) -> str:
+    """Every text of the output items that are not calls (message and reasoning parts)."""
+    return "".join(str(part.get("text") or part.get("refusal") or "")
+                   for item in items if item.get("type") != "function_call"
+                   for part in (item.get("content") or []) + (item.get("summary") or []))
+
+
+def _assert_no_call_text(text: str) -> None:
+    assert "<tool_call" not in text and "tool_call>" not in text, text
+    assert '"name' not in text and "arguments" not in text, text
+    for piece in ("list", "_weather", "weather", "{"):
+        assert piece not in text, text
+
+
+@pytest.mark.parametrize("limit", CUT_LIMITS)
+@pytest.mark.parametrize("api", ["chat/completions", "responses"])
+def test_a_call_cut_off_by_the_token_limit_is_incomplete_and_never_text(random_server, api, limit):
+    response = httpx.post(f"{random_server.base_url}/{api}", json=_cut_body(api, limit, False),
+                          timeout=120)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    if api == "chat/completions":
+        (choice,) = body["choices"]
+        assert choice["finish_reason"] == "length", body
+        assert body["usage"]["completion_tokens"] == limit
+        assert not choice["message"].get("tool_calls"), body
+        _assert_no_call_text(choice["message"].get("content") or "")
+    else:
+        assert body["status"] == "incomplete", body
+        assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+        assert body["usage"]["output_tokens"] == limit
+        assert not [item for item in body["output"] if item["type"] == "function_call"], body
+        _assert_no_call_text(_item_texts(body["output"]))
+
+
+@pytest.mark.parametrize("limit", CUT_LIMITS)
+@pytest.mark.parametrize("api", ["chat/completions", "responses"])
+def test_a_streamed_call_cut_off_by_the_token_limit_is_incomplete_and_never_text(random_server, api,
+                                                                                  limit):
+    with httpx.stream("POST", f"{random_server.base_url}/{api}", json=_cut_body(api, limit, True),
+                      timeout=120) as stream:
+        assert stream.status_code == 200
+        events = _events(stream)
+    if api == "chat/completions":
+        text = "".join((choice.get("delta") or {}).get("content") or ""
+                       for chunk in events for choice in chunk.get("choices") or ())
+        names = [(call.get("function") or {}).get("name") for chunk in events
+                 for choice in chunk.get("choices") or ()
+                 for call in (choice.get("delta") or {}).get("tool_calls") or ()]
+        finish = [choice["finish_reason"] for chunk in events for choice in chunk.get("choices") or ()
+                  if choice.get("finish_reason")]
+        assert finish == ["length"], events
+        assert not any("error" in chunk for chunk in events)
+    else:
+        kinds = [event["type"] for event in events]
+        assert kinds[-1] in ("response.completed", "response.incomplete"), kinds
+        final = events[-1]["response"]
+        assert final["status"] == "incomplete", final
+        assert final["incomplete_details"] == {"reason": "max_output_tokens"}
+        text = "".join(event.get("delta", "") for event in events
+                       if event["type"] in ("response.output_text.delta", "response.refusal.delta",
+                                            "response.reasoning_text.delta"))
+        text += "".join(str(event.get("text", "")) for event in events
+                        if event["type"] in ("response.output_text.done",
+                                             "response.reasoning_text.done"))
+        text += _item_texts([event["item"] for event in events if "item" in event] + final["output"])
+        names = [(event.get("item") or {}).get("name") for event in events
+                 if (event.get("item") or {}).get("type") == "function_call"]
+    _assert_no_call_text(text)
+    assert all(name in (None, CUT_CALL) for name in names), names   # a call, if any, is the allowed one

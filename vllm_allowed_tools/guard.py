@@ -32,6 +32,18 @@ Unary (source ``unary_guard``)
     ``exc.status`` instead of the body). They count the violation in metrics once, when raising.
     Calls still in the text (a parser that failed to parse them) are not tool calls and not checked.
 
+Text is not searched for call markup (a decision)
+    A call cut off by the token limit comes back from vLLM's parsers as text (``<tool_call>{"name":
+    ...``). That channel is closed where the format and the mode are known, in the parser wrappers
+    (``vllm_glue/parsers.py``: with a policy no text from a call trigger on; the response stays
+    ``incomplete`` / ``length``). The guard does not refuse text holding a trigger as a backstop:
+    it is format-agnostic (``[TOOL_CALLS]`` is prose to a hermes model), it also guards plain
+    requests, where nothing makes a trigger start a call (``tool_choice: "none"`` text may quote
+    one, and vanilla vLLM returns it), and for an allowlist turn, where our grammar does make every
+    trigger the start of a call, refusing would turn a truncated answer into a 500 instead of the
+    ``incomplete`` answer the client can act on. Markup in text is not a call: no OpenAI client
+    runs it.
+
 Streaming (source ``stream_guard``)
     Guards are push-based: ``feed(event_dict) -> list[dict]`` returns what to send now, in order;
     ``finish() -> list[dict]`` when upstream ended. After a violation ``terminal`` is True (set before

@@ -12,7 +12,28 @@ middleware in ``request.model_extra``) the wrapper:
 * for parsers without a structural-tag model, builds vLLM's JSON-schema fallback from the allowed
   subset only (required mode; auto mode relies on output filtering);
 * drops any parsed call outside the allowlist, unary and streaming (defense in depth), counting it as
-  a ``parser`` violation.
+  a ``parser`` violation;
+* never returns call markup as text (:data:`CALL_TRIGGERS`, :meth:`AllowedToolsMixin.extract_tool_calls`).
+
+No call markup as text
+    A call the base parser could not parse, above all one cut off by ``max_tokens`` /
+    ``max_output_tokens``, comes back from vLLM's parsers as message text (``<tool_call>{"name": ...``),
+    where no guard looks: a ``required`` turn would end with no call and the call's markup, name and
+    arguments in the text. With a policy our grammar makes every call trigger the start of a call
+    (required mode: the output starts with a call; auto mode: after the trigger only an allowed
+    call), so text from the first trigger on is always part of a call, never prose. The wrapper
+    therefore returns no text from the first trigger (or a trailing piece of one) onwards; unary, the
+    complete calls before a cut-off one are kept (re-parsed without it); streaming, content is
+    withheld from the trigger on. In required mode of the formats whose calls are a bare JSON array
+    (``mistral``, ``pythonic``: no trigger) the whole output is the call, so no text is returned at
+    all. The response's own end is vLLM's: ``finish_reason: "length"`` (Chat) and ``status:
+    "incomplete"`` with ``incomplete_details.reason: "max_output_tokens"`` (Responses) when the
+    token limit cut it. ``pythonic`` in auto mode has no trigger and no grammar: its text is left as
+    is. A cut-off call that a base parser does return as a call (vLLM's qwen3 parser does once the
+    name is complete, with the arguments it has; every parser streams a call's name and argument
+    pieces as they come) is a call, and the guard judges it like any other. Requests without a
+    policy keep the base parser's behaviour. Why this is here and not a text check in the output
+    guard: see the guard module's docstring.
 """
 
 from __future__ import annotations
@@ -54,6 +75,39 @@ logger = logging.getLogger(__name__)
 
 #: operator knob: the most whitespace characters allowed between JSON tokens in argument grammars
 MAX_WHITESPACE_ENV = "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"
+
+
+#: wire format -> the texts that start a call in its output (the base parser's own markers and our
+#: grammar's triggers, see grammar.py); with a policy, text from the first one on is never prose
+CALL_TRIGGERS: dict[str, tuple[str, ...]] = {
+    "hermes": ("<tool_call>",),
+    "qwen3_coder": ("<tool_call>",),
+    "llama3_json": ("<|python_tag|>", '{"name": '),
+    "mistral": ("[TOOL_CALLS]",),
+    "pythonic": (),
+}
+#: formats whose required-mode output is a bare JSON array of calls: all of it is call
+_ARRAY_REQUIRED = frozenset({"mistral", "pythonic"})
+
+
+def call_start(text: str, triggers: Sequence[str]) -> int | None:
+    """Where the first call starts in ``text``: the first trigger, or a trailing piece of one that
+    more text could complete (a trigger cut off by the token limit); None when there is none."""
+    found = [index for index in (text.find(trigger) for trigger in triggers) if index != -1]
+    if found:
+        return min(found)
+    pieces = [size for trigger in triggers for size in range(min(len(trigger) - 1, len(text)), 0, -1)
+              if text.endswith(trigger[:size])]
+    return len(text) - max(pieces) if pieces else None
+
+
+def _common_prefix(a: str, b: str) -> str:
+    size = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        size += 1
+    return a[:size]
 
 
 def request_policy(request: Any) -> WirePolicy | None:
@@ -152,11 +206,85 @@ class AllowedToolsMixin:
             request.text = None
         return request
 
+    # ---------------------------------------------------------------- no call markup as text
+    def _call_triggers(self) -> tuple[str, ...]:
+        return CALL_TRIGGERS.get(self.allowed_tools_base_parser, ())
+
+    def _all_call(self, policy: WirePolicy) -> bool:
+        """The whole output is call (required mode of a bare-JSON-array format)."""
+        return policy.mode == "required" and self.allowed_tools_base_parser in _ARRAY_REQUIRED
+
+    def _text_before_calls(self, content: str | None, raw: str, policy: WirePolicy) -> str | None:
+        """The ``content`` the base parser made of ``raw``, without anything from the first call
+        start in ``raw`` on: only what both say comes before it (base parsers may drop a marker
+        token and hand the rest of a cut-off call out as text). None when nothing is left."""
+        if not content or self._all_call(policy):
+            return None
+        start = call_start(raw, self._call_triggers())
+        if start is not None:
+            content = _common_prefix(content, raw[:start])
+        return content if content.strip() else None
+
+    def _parse_without_markup(self, model_output: str, request,
+                              policy: WirePolicy) -> ExtractedToolCallInformation:
+        """The base parse with no call markup in its text. When no call parsed but one started (a
+        call cut off by the token limit), the calls before the last start are parsed on their own,
+        so complete calls survive a cut-off one after them.
+
+        ``tools_called`` is True whenever the output held call markup, even when no call is left
+        (cut off, or refused below): vLLM's serving layer (``DelegatingParser._extract_tool_calls``)
+        ignores the content of a parse without calls and sends the raw model output as text, markup
+        and all; with ``tools_called`` it takes this content and the (possibly empty) call list.
+        """
+        info = super().extract_tool_calls(model_output, request)
+        if not info.tools_called:
+            triggers = self._call_triggers()
+            last = max((model_output.rfind(trigger) for trigger in triggers), default=-1)
+            if last > 0 and call_start(model_output[:last], triggers) is not None:
+                earlier = super().extract_tool_calls(model_output[:last], request)
+                if earlier.tools_called:
+                    info = earlier
+        content = self._text_before_calls(info.content, model_output, policy)
+        markup = bool(model_output.strip()) if self._all_call(policy) else \
+            call_start(model_output, self._call_triggers()) is not None
+        tools_called = info.tools_called or markup
+        if content == info.content and tools_called == info.tools_called:
+            return info
+        return ExtractedToolCallInformation(tools_called=tools_called, tool_calls=info.tool_calls,
+                                            content=content)
+
+    def _stream_text(self, delta: DeltaMessage | None, current_text: str,
+                     policy: WirePolicy) -> DeltaMessage | None:
+        """Streaming twin of :meth:`_text_before_calls`: the content the base parser releases is
+        forwarded only while it comes before the first call start in the text so far (a trailing
+        piece of a trigger waits for more text)."""
+        if delta is None or not delta.content:
+            return delta
+        state = self.__dict__.setdefault("_allowed_tools_text", {"seen": "", "sent": 0})
+        state["seen"] += delta.content
+        seen = state["seen"]
+        start = None if self._all_call(policy) else call_start(current_text, self._call_triggers())
+        if self._all_call(policy):
+            limit = 0
+        elif start is None:
+            limit = len(seen)
+        else:
+            limit = len(_common_prefix(seen, current_text[:start]))
+        release = seen[state["sent"]:limit] if limit > state["sent"] else ""
+        state["sent"] = max(state["sent"], limit)
+        if release == delta.content:
+            return delta
+        if not release and not delta.tool_calls and not getattr(delta, "reasoning", None):
+            return None
+        return delta.model_copy(update={"content": release or None})
+
     # ---------------------------------------------------------------- output filtering
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
-        info = super().extract_tool_calls(model_output, request)
         policy = request_policy(request)
-        if policy is None or not info.tools_called:
+        if policy is None:
+            return super().extract_tool_calls(model_output, request)
+        info = self._parse_without_markup(model_output, request, policy)
+        if not info.tool_calls:
             return info
         kept = [call for call in info.tool_calls if policy.is_allowed(call.function.name)]
         dropped = [call.function.name for call in info.tool_calls if call not in kept]
@@ -165,8 +293,9 @@ class AllowedToolsMixin:
             logger.warning("vllm-allowed-tools: dropped calls outside the allowlist: %s", dropped)
         if not policy.parallel_tool_calls:
             kept = kept[:1]
-        return ExtractedToolCallInformation(tools_called=bool(kept), tool_calls=kept,
-                                            content=info.content)
+        # tools_called stays True with every call refused: the text is then what came before the
+        # calls, never the refused calls' markup (see _parse_without_markup)
+        return ExtractedToolCallInformation(tools_called=True, tool_calls=kept, content=info.content)
 
     def extract_tool_calls_streaming(self, previous_text: str, current_text: str, delta_text: str,
                                      previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
@@ -175,7 +304,28 @@ class AllowedToolsMixin:
                                                      previous_token_ids, current_token_ids,
                                                      delta_token_ids, request)
         policy = request_policy(request)
-        if policy is None or delta is None or not delta.tool_calls:
+        if policy is None:
+            return delta
+        self.__dict__["_allowed_tools_last"] = (policy, current_text)
+        return self._filter_stream(delta, current_text, policy)
+
+    def finish_streaming(self) -> DeltaMessage | None:
+        """The end of a stream: engine-based base parsers (vLLM's qwen3) flush what they still
+        hold here, past :meth:`extract_tool_calls_streaming` (vLLM calls this only for them), so
+        the same filtering applies. A name cut off by the token limit comes out here as a piece of
+        an allowed name: it is dropped without counting a violation."""
+        flush = getattr(super(), "finish_streaming", None)
+        delta = flush() if flush is not None else None
+        last = self.__dict__.get("_allowed_tools_last")
+        if last is None:
+            return delta
+        policy, current_text = last
+        return self._filter_stream(delta, current_text, policy, final=True)
+
+    def _filter_stream(self, delta: DeltaMessage | None, current_text: str, policy: WirePolicy,
+                       final: bool = False) -> DeltaMessage | None:
+        delta = self._stream_text(delta, current_text, policy)
+        if delta is None or not delta.tool_calls:
             return delta
         state = self.__dict__.setdefault("_allowed_tools_stream", {"verdict": {}, "renumber": {}})
         kept = []
@@ -189,6 +339,8 @@ class AllowedToolsMixin:
                 state["verdict"][tool_delta.index] = verdict
                 if verdict:
                     state["renumber"][tool_delta.index] = len(state["renumber"])
+                elif final and any(allowed.startswith(name) for allowed in policy.allowed):
+                    logger.info("vllm-allowed-tools: dropped a call cut off in its name (%r)", name)
                 else:
                     record_violation("parser")
                     logger.warning("vllm-allowed-tools: dropped streamed call %r", name)

@@ -1,0 +1,190 @@
+"""No call markup as text (the parser wrappers, no server): a call cut off by the token limit is
+never handed out as message text, unary or streamed, in any wire format or mode.
+
+Every wrapped parser gets the output of a whole allowed call (auto mode: after a line of prose) cut
+after every token, as vLLM hands it over when ``max_tokens`` / ``max_output_tokens`` is hit: the
+text the server would send is at most the prose, never a piece of the call (trigger, name,
+arguments), and the whole output still parses to the call. The parsers run inside vLLM's own
+``DelegatingParser`` (``parse`` / ``parse_delta``, what the serving layer calls), because that layer
+decides which text goes out: without a call it sends the raw model output, whatever the tool parser
+said. ``pythonic`` has no trigger in auto mode (its text is left as is, see vllm_glue/parsers.py),
+so only its required mode is covered.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_parsers_e2e import CASE_BY_PARSER, TWO_TOOLS, model_with_tokens, policy_request
+
+from vllm_allowed_tools.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+PROSE = "Sure. "
+CALLS = {
+    "allowed_hermes": '<tool_call>\n{"name": "get_ticket", "arguments": {"priority": "high"}}\n</tool_call>',
+    "allowed_qwen3_coder": ("<tool_call>\n<function=get_ticket>\n<parameter=priority>\nhigh\n</parameter>\n"
+                            "</function>\n</tool_call>"),
+    "allowed_llama3_json": '{"name": "get_ticket", "parameters": {"priority": "high"}}',
+    "allowed_mistral": '[{"name": "get_ticket", "arguments": {"priority": "high"}}]',
+    "allowed_pythonic": '[get_ticket(priority="high")]',
+}
+AUTO_CALLS = {**CALLS, "allowed_mistral": "[TOOL_CALLS]" + CALLS["allowed_mistral"]}
+# pythonic's required mode is vLLM's JSON-schema path ([{"name", "parameters"}], parsed by the
+# serving layer itself, which never sends text there)
+CALLS["allowed_pythonic"] = '[{"name": "get_ticket", "parameters": {"priority": "high"}}]'
+
+CASES = [(parser, mode) for parser in CALLS for mode in ("required", "auto")
+         if (parser, mode) != ("allowed_pythonic", "auto")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_for(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.vllm_glue.plugin import register
+
+    register()
+    cache: dict[tuple[str, ...], object] = {}
+
+    def get(parser: str):
+        tokens = CASE_BY_PARSER[parser].add_tokens
+        if tokens not in cache:
+            folder = ensure_model("random", 0, log=lambda *_: None) if not tokens else \
+                model_with_tokens(tokens, tmp_path_factory.mktemp("tok") / "model")
+            cache[tokens] = AutoTokenizer.from_pretrained(str(folder))
+        return cache[tokens]
+
+    return get
+
+
+def wrapper(tokenizer, parser: str):
+    from vllm.tool_parsers import ToolParserManager
+    return ToolParserManager.get_tool_parser(parser)(tokenizer)
+
+
+def served(tokenizer, parser: str, request):
+    """vLLM's serving-side parser around tool parser ``parser`` (a fresh one per output)."""
+    from vllm.parser.parser_manager import ParserManager
+    return ParserManager.get_parser(tool_parser_name=parser, enable_auto_tools=True)(
+        tokenizer, request.tools)
+
+
+def unary(tokenizer, parser: str, text: str, request) -> tuple[str | None, list]:
+    """(the message text, the calls) the server would send for the output ``text``."""
+    _, content, calls = served(tokenizer, parser, request).parse(text, request,
+                                                                 enable_auto_tools=True)
+    return content, list(calls or ())
+
+
+def stream(tokenizer, parser: str, ids: list[int], request) -> tuple[str, list[str]]:
+    """(the content streamed, the call names streamed) for output token ids fed one at a time."""
+    parser_obj = served(tokenizer, parser, request)
+    previous_text, content, names = "", [], []
+    for n in range(len(ids)):
+        current = tokenizer.decode(ids[:n + 1])
+        delta = parser_obj.parse_delta(current[len(previous_text):], ids[n:n + 1], request,
+                                       prompt_token_ids=[0], finished=n == len(ids) - 1)
+        if delta is not None:
+            content.append(delta.content or "")
+            names += [call.function.name for call in delta.tool_calls or ()
+                      if call.function is not None and call.function.name]
+        previous_text = current
+    return "".join(content), names
+
+
+def assert_no_markup(text: str | None, mode: str, call: str) -> None:
+    """At most the prose before the call: no trigger, name or argument of it."""
+    text = text or ""
+    expected = PROSE if mode == "auto" else ""
+    assert expected.startswith(text) or expected.strip().startswith(text.strip()), text
+    assert "get_ticket" not in text and "priority" not in text
+
+
+@pytest.mark.parametrize("parser,mode", CASES)
+def test_a_cut_off_call_is_never_text(tokenizer_for, parser, mode):
+    tokenizer = tokenizer_for(parser)
+    call = (AUTO_CALLS if mode == "auto" else CALLS)[parser]
+    output = (PROSE if mode == "auto" else "") + call
+    ids = tokenizer.encode(output, add_special_tokens=False)
+    request, _ = policy_request(mode, ["get_ticket"], TWO_TOOLS)
+    for cut in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:cut])
+        content, calls = unary(tokenizer, parser, text, request)
+        # a cut-off call may come back as a call (hermes once its JSON is whole; qwen3_coder as
+        # soon as the name is, with the arguments it has): a call, the guard's business, not text
+        assert all(parsed.name == "get_ticket" for parsed in calls), text
+        assert_no_markup(content, mode, call)
+        streamed, names = stream(tokenizer, parser, ids[:cut], request)
+        assert_no_markup(streamed, mode, call)
+        assert set(names) <= {"get_ticket"}
+    # the whole output is still the call
+    content, calls = unary(tokenizer, parser, tokenizer.decode(ids), request)
+    assert [c.name for c in calls] == ["get_ticket"], (content, calls)
+    assert POOL_BY_NAME["get_ticket"].arguments_valid(calls[0].arguments)
+    assert_no_markup(content, mode, call)
+
+
+@pytest.mark.parametrize("parser", ["allowed_hermes", "allowed_qwen3_coder"])
+def test_complete_calls_before_a_cut_off_one_are_kept(tokenizer_for, parser):
+    tokenizer = tokenizer_for(parser)
+    request, _ = policy_request("required", ["get_ticket", "delete_note"], TWO_TOOLS, parallel=True)
+    first = CALLS[parser]
+    second = first.replace("get_ticket", "delete_note")
+    for cut in range(1, len(second)):
+        content, calls = unary(tokenizer, parser, first + "\n" + second[:cut], request)
+        names = [c.name for c in calls]
+        assert names in (["get_ticket"], ["get_ticket", "delete_note"]), (cut, content, calls)
+        assert content is None
+
+
+@pytest.mark.parametrize("parser,mode", [case for case in CASES
+                                         if case != ("allowed_pythonic", "required")])
+def test_a_refused_call_is_not_sent_as_text_either(tokenizer_for, parser, mode):
+    """A whole call outside the allowlist, dropped by the wrapper: nothing of it goes out, and the
+    text is not the raw output (vLLM's serving layer sends that when the parse has no call).
+    (pythonic's required mode is parsed by vLLM's serving layer, not by a tool parser: there the
+    grammar and the output guard keep such calls out.)"""
+    tokenizer = tokenizer_for(parser)
+    request, _ = policy_request(mode, ["delete_note"], TWO_TOOLS)   # get_ticket: catalog only
+    call = (AUTO_CALLS if mode == "auto" else CALLS)[parser]
+    output = (PROSE if mode == "auto" else "") + call
+    content, calls = unary(tokenizer, parser, output, request)
+    assert calls == []
+    assert_no_markup(content, mode, call)
+    ids = tokenizer.encode(output, add_special_tokens=False)
+    streamed, names = stream(tokenizer, parser, ids, request)
+    assert names == []
+    assert_no_markup(streamed, mode, call)
+
+
+def test_without_a_policy_the_base_parser_answers(tokenizer_for):
+    """Plain requests keep vanilla vLLM's behaviour (the policy is what this is about)."""
+    tokenizer = tokenizer_for("allowed_hermes")
+    _, plain = policy_request("required", ["get_ticket"], TWO_TOOLS)
+    cut = CALLS["allowed_hermes"][:30]
+    info = wrapper(tokenizer, "allowed_hermes").extract_tool_calls(cut, plain)
+    base = wrapper(tokenizer, "hermes").extract_tool_calls(cut, plain)
+    assert (info.tools_called, info.content) == (base.tools_called, base.content)
+    assert unary(tokenizer, "allowed_hermes", cut, plain) == unary(tokenizer, "hermes", cut, plain)
+
+
+def test_the_triggers_are_where_the_grammar_starts_a_call():
+    from vllm_allowed_tools.vllm_glue.parsers import CALL_TRIGGERS
+    functions = [AllowedFunction("get_ticket", POOL_BY_NAME["get_ticket"].parameters, True)]
+    for wire_format in ("hermes", "llama3_json", "qwen3_coder"):
+        tag = build_structural_tag(wire_format, functions, "auto")
+        for trigger in tag.format.triggers:
+            assert any(trigger.startswith(ours) for ours in CALL_TRIGGERS[wire_format]), trigger
+
+
+def test_call_start():
+    from vllm_allowed_tools.vllm_glue.parsers import call_start
+    triggers = ("<tool_call>",)
+    assert call_start("hello", triggers) is None
+    assert call_start("hi <tool_call>{", triggers) == 3
+    assert call_start("hi <tool_c", triggers) == 3          # a trigger cut off by the token limit
+    assert call_start("a < b", triggers) is None
+    assert call_start("x <", triggers) == 2
+    assert call_start("<tool_call> then <tool_call>", triggers) == 0
+    assert call_start("anything", ()) is None
