@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CODEX_DIR = ROOT / "clients" / "codex"
 CODEX_BIN = CODEX_DIR / "node_modules" / ".bin" / "codex"
 NAMESPACE, MEMBER = "multi_agent_v1", "close_agent"   # a member of Codex's default namespace tool
+PINNED_TARGET = "agent-1"   # the one `target` the gateway lets close_agent take
 CODEX_TIMEOUT_S = 240
 
 
@@ -232,12 +233,29 @@ def test_codex_exec_runs_to_completion(request, server_name, codex_bin, tmp_path
 
 def narrow_to_namespace_member(index: int, body: dict[str, Any]) -> dict[str, Any]:
     """The test's operator gateway: Codex's first request may only call ``close_agent`` of the
-    ``multi_agent_v1`` namespace; later requests get ``tool_choice: "none"`` so the run ends."""
+    ``multi_agent_v1`` namespace; later requests get ``tool_choice: "none"`` so the run ends.
+
+    The first request's call is made short and the same on every run: Codex's ``close_agent`` takes
+    a free string (``strict: false``), which the random-weight model fills with tokens until
+    ``max_output_tokens`` cuts the call off (sometimes, unseeded; always, greedy), and a cut-off call
+    is no call. So the gateway pins ``target`` to one value (``strict: true``, an enum) and asks for
+    greedy decoding: the grammar then fixes the whole call (about 45 tokens) and the model's only
+    choices are whitespace."""
     if index == 0:
         body["tool_choice"] = {"type": "allowed_tools", "mode": "required",
                                "tools": [{"type": "function", "name": MEMBER}]}
         body["parallel_tool_calls"] = False
         body["max_output_tokens"] = 200
+        body["temperature"] = 0.0
+        body["seed"] = 0
+        for tool in body["tools"]:
+            if tool.get("type") == "namespace" and tool.get("name") == NAMESPACE:
+                for member in tool["tools"]:
+                    if member.get("name") == MEMBER:
+                        member["strict"] = True
+                        member["parameters"] = {
+                            "type": "object", "additionalProperties": False, "required": ["target"],
+                            "properties": {"target": {"type": "string", "enum": [PINNED_TARGET]}}}
     else:
         body["tool_choice"] = "none"
         body["max_output_tokens"] = 16
@@ -264,6 +282,7 @@ def test_codex_namespaced_call_round_trip(happy_server, codex_bin, tmp_path):
     assert len(calls) == 1, events[-1]["response"]["output"]
     call = calls[0]
     assert (call.get("namespace"), call["name"]) == (NAMESPACE, MEMBER), call
+    assert json.loads(call["arguments"]) == {"target": PINNED_TARGET}
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"
             and e["item"]["type"] == "function_call"]
     assert [(item.get("namespace"), item["name"]) for item in done] == [(NAMESPACE, MEMBER)]
@@ -286,8 +305,10 @@ def test_codex_namespaced_call_round_trip(happy_server, codex_bin, tmp_path):
     unary = {**narrow_to_namespace_member(0, json.loads(json.dumps(first.sent))), "stream": False}
     response = httpx.post(happy_server.base_url + "/responses", json=unary, timeout=120)
     assert response.status_code == 200, response.text
+    assert response.json()["status"] == "completed", response.json()
     calls = [item for item in response.json()["output"] if item["type"] == "function_call"]
     assert [(c.get("namespace"), c["name"]) for c in calls] == [(NAMESPACE, MEMBER)], calls
+    assert json.loads(calls[0]["arguments"]) == {"target": PINNED_TARGET}
 
 
 @pytest.mark.server
