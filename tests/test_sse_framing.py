@@ -411,3 +411,29 @@ def test_error_answers_and_requests_without_tools_pass_as_they_are():
     assert _serve(503, [], [b"down"])[::2] == (503, b"down")
     bad = json.dumps(_chat_body("evil")).encode()
     assert _serve(200, [(b"content-type", b"text/plain")], [bad], tools=False)[::2] == (200, bad)
+
+
+@pytest.mark.parametrize("content_type", [b"application/json", b"text/event-stream"])
+def test_a_body_sent_past_the_guard_is_refused(content_type):
+    """``http.response.pathsend`` (a body from a file, an ASGI extension) never passes the guard."""
+    from vllm_allowed_tools.vllm_glue.middleware import _GuardedSend, _Stop
+
+    before = _unreadable()
+    sent: list[dict[str, Any]] = []
+
+    async def client_send(message):
+        sent.append(message)
+
+    async def run():
+        send = _GuardedSend(client_send, "chat", CatalogPolicy(NAMES), (False, None), _Stop(), (2, 3))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", content_type)]})
+        await send({"type": "http.response.pathsend", "path": "/etc/hostname"})
+
+    asyncio.run(run())
+    assert [m["type"] for m in sent].count("http.response.start") == 1
+    assert all(m["type"] != "http.response.pathsend" for m in sent)
+    assert sent[-1]["type"] == "http.response.body" and not sent[-1].get("more_body")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert b"allowed_tools_violation" in body
+    assert _unreadable() == before + 1

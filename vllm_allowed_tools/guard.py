@@ -757,6 +757,13 @@ class GuardedSSE:
         self._framer.flush()   # a partial event: never dispatched by a client, never forwarded
         return b"".join(out)
 
+    def refuse(self, violation: AllowedToolsViolation) -> bytes:
+        """End the stream now with ``violation`` (counted): the guard's closing events, as bytes."""
+        out: list[bytes] = []
+        if not self._closed:
+            self._emit(self.guard.refuse(violation), out)
+        return b"".join(out)
+
     def _take(self, events: list[SSEEvent], out: list[bytes]) -> None:
         for event in events:
             if self.guard.terminal:

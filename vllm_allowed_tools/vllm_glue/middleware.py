@@ -131,6 +131,10 @@ class _Stop:
         return guarded_receive
 
 
+#: ASGI extensions that send a response body without ``http.response.body`` messages
+_BODY_ELSEWHERE = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+
+
 def _media_type(headers: Any) -> tuple[str | None, bool]:
     """(the response's media type, lowercased without parameters or None when it has none; whether
     its body is encoded, e.g. compressed). Header names are compared case-insensitively (ASGI says
@@ -199,6 +203,19 @@ class _GuardedSend:
                 self._guard = GuardedSSE(ResponsesStreamGuard(self._policy) if self._api == "responses"
                                          else ChatStreamGuard(self._policy))
             await self._send(message)
+            return
+        if self._mode != "raw" and message["type"] in _BODY_ELSEWHERE:
+            # a body the guard never sees (sent from a file by the server): refused like any
+            # other body it cannot read
+            violation = unreadable_violation(f"a body sent as {message['type']}")
+            if self._guard is None:
+                await self._refuse(violation, stop=False)
+                return
+            logger.error("vllm-allowed-tools: ended a stream the guard cannot read: %s", violation)
+            self._finished = True
+            await self._send({"type": "http.response.body", "body": self._guard.refuse(violation),
+                              "more_body": False})
+            self._stop.event.set()
             return
         if message["type"] != "http.response.body" or self._mode == "raw":
             await self._send(message)
