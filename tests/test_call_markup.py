@@ -14,7 +14,7 @@ so only its required mode is covered.
 from __future__ import annotations
 
 import pytest
-from test_parsers_e2e import CASE_BY_PARSER, TWO_TOOLS, model_with_tokens, policy_request
+from test_parsers_e2e import TWO_TOOLS, glue, policy_request  # noqa: F401 (glue: a fixture)
 
 from vllm_allowed_tools.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
@@ -35,27 +35,6 @@ CALLS["allowed_pythonic"] = '[{"name": "get_ticket", "parameters": {"priority": 
 
 CASES = [(parser, mode) for parser in CALLS for mode in ("required", "auto")
          if (parser, mode) != ("allowed_pythonic", "auto")]
-
-
-@pytest.fixture(scope="module")
-def tokenizer_for(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-    from vllm_allowed_tools.vllm_glue.plugin import register
-
-    register()
-    cache: dict[tuple[str, ...], object] = {}
-
-    def get(parser: str):
-        tokens = CASE_BY_PARSER[parser].add_tokens
-        if tokens not in cache:
-            folder = ensure_model("random", 0, log=lambda *_: None) if not tokens else \
-                model_with_tokens(tokens, tmp_path_factory.mktemp("tok") / "model")
-            cache[tokens] = AutoTokenizer.from_pretrained(str(folder))
-        return cache[tokens]
-
-    return get
 
 
 def wrapper(tokenizer, parser: str):
@@ -102,8 +81,8 @@ def assert_no_markup(text: str | None, mode: str, call: str) -> None:
 
 
 @pytest.mark.parametrize("parser,mode", CASES)
-def test_a_cut_off_call_is_never_text(tokenizer_for, parser, mode):
-    tokenizer = tokenizer_for(parser)
+def test_a_cut_off_call_is_never_text(glue, parser, mode):
+    tokenizer = glue(parser)
     call = (AUTO_CALLS if mode == "auto" else CALLS)[parser]
     output = (PROSE if mode == "auto" else "") + call
     ids = tokenizer.encode(output, add_special_tokens=False)
@@ -126,8 +105,8 @@ def test_a_cut_off_call_is_never_text(tokenizer_for, parser, mode):
 
 
 @pytest.mark.parametrize("parser", ["allowed_hermes", "allowed_qwen3_coder"])
-def test_complete_calls_before_a_cut_off_one_are_kept(tokenizer_for, parser):
-    tokenizer = tokenizer_for(parser)
+def test_complete_calls_before_a_cut_off_one_are_kept(glue, parser):
+    tokenizer = glue(parser)
     request, _ = policy_request("required", ["get_ticket", "delete_note"], TWO_TOOLS, parallel=True)
     first = CALLS[parser]
     second = first.replace("get_ticket", "delete_note")
@@ -140,12 +119,12 @@ def test_complete_calls_before_a_cut_off_one_are_kept(tokenizer_for, parser):
 
 @pytest.mark.parametrize("parser,mode", [case for case in CASES
                                          if case != ("allowed_pythonic", "required")])
-def test_a_refused_call_is_not_sent_as_text_either(tokenizer_for, parser, mode):
+def test_a_refused_call_is_not_sent_as_text_either(glue, parser, mode):
     """A whole call outside the allowlist, dropped by the wrapper: nothing of it goes out, and the
     text is not the raw output (vLLM's serving layer sends that when the parse has no call).
     (pythonic's required mode is parsed by vLLM's serving layer, not by a tool parser: there the
     grammar and the output guard keep such calls out.)"""
-    tokenizer = tokenizer_for(parser)
+    tokenizer = glue(parser)
     request, _ = policy_request(mode, ["delete_note"], TWO_TOOLS)   # get_ticket: catalog only
     call = (AUTO_CALLS if mode == "auto" else CALLS)[parser]
     output = (PROSE if mode == "auto" else "") + call
@@ -158,9 +137,9 @@ def test_a_refused_call_is_not_sent_as_text_either(tokenizer_for, parser, mode):
     assert_no_markup(streamed, mode, call)
 
 
-def test_without_a_policy_the_base_parser_answers(tokenizer_for):
+def test_without_a_policy_the_base_parser_answers(glue):
     """Plain requests keep vanilla vLLM's behaviour (the policy is what this is about)."""
-    tokenizer = tokenizer_for("allowed_hermes")
+    tokenizer = glue("allowed_hermes")
     _, plain = policy_request("required", ["get_ticket"], TWO_TOOLS)
     cut = CALLS["allowed_hermes"][:30]
     info = wrapper(tokenizer, "allowed_hermes").extract_tool_calls(cut, plain)

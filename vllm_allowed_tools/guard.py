@@ -94,7 +94,7 @@ Not enforced here: ``parallel_tool_calls: false`` (vLLM itself drops calls after
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .errors import AllowedToolsError
@@ -113,6 +113,7 @@ __all__ = [
     "check_chat_completion",
     "check_responses_object",
     "flat_name",
+    "request_tools",
     "unreadable_violation",
 ]
 
@@ -130,6 +131,29 @@ class CallPolicy(Protocol):
     """What the guard needs from a policy. WirePolicy, ToolPolicy and CatalogPolicy satisfy it."""
 
     def is_allowed(self, flat_name: str | None) -> bool: ...
+
+
+def request_tools(body: Mapping[str, Any], api: str) -> Iterator[tuple[str, str, str | None, str]]:
+    """(param, kind, namespace, name) of each named function or custom tool a request body offers
+    (``kind``: ``"function"`` or ``"custom"``; Chat's nested shape, Responses' flat one and its
+    namespace members); entries it cannot read are skipped."""
+    tools = body.get("tools")
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        if not isinstance(tool, Mapping):
+            continue
+        kind, param = tool.get("type"), f"tools[{index}]"
+        if api == "chat":
+            fn = tool.get("function") if kind == "function" else tool.get("custom")
+            if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+                yield param, "function" if kind == "function" else "custom", None, fn["name"]
+        elif kind in ("function", "custom") and isinstance(tool.get("name"), str):
+            yield param, kind, None, tool["name"]
+        elif kind == "namespace" and isinstance(tool.get("name"), str):
+            members = tool.get("tools")
+            for j, member in enumerate(members if isinstance(members, list) else ()):
+                if isinstance(member, Mapping) and isinstance(member.get("name"), str):
+                    member_kind = "custom" if member.get("type") == "custom" else "function"
+                    yield f"{param}.tools[{j}]", member_kind, tool["name"], member["name"]
 
 
 class CatalogPolicy:
@@ -158,25 +182,8 @@ class CatalogPolicy:
         entries it cannot read are skipped (vLLM rejects malformed tools itself)."""
         names: list[str] = []
         custom: list[str] = []
-        tools = body.get("tools")
-        for tool in tools if isinstance(tools, list) else ():
-            if not isinstance(tool, Mapping):
-                continue
-            kind = tool.get("type")
-            if api == "chat":
-                fn = tool.get("function") if kind == "function" else tool.get("custom")
-                if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-                    (names if kind == "function" else custom).append(fn["name"])
-            elif kind == "function" and isinstance(tool.get("name"), str):
-                names.append(tool["name"])
-            elif kind == "custom" and isinstance(tool.get("name"), str):
-                custom.append(tool["name"])
-            elif kind == "namespace" and isinstance(tool.get("name"), str):
-                members = tool.get("tools")
-                for member in members if isinstance(members, list) else ():
-                    if isinstance(member, Mapping) and isinstance(member.get("name"), str):
-                        flat = flat_name(member["name"], tool["name"])
-                        (custom if member.get("type") == "custom" else names).append(flat)
+        for _, kind, namespace, name in request_tools(body, api):
+            (custom if kind == "custom" else names).append(flat_name(name, namespace))
         return cls(names, custom)
 
     def __repr__(self) -> str:

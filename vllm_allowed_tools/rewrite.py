@@ -77,11 +77,13 @@ class Rewritten:
     policy: ToolPolicy | None
     original_tool_choice: Any
     changed: bool
+    request: dict[str, Any]   # the client's body with its typed fields read as vLLM reads them
 
 
 def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     """Resolve the policy and rewrite the body; raises InvalidSelectionError (a 400) on bad input."""
-    new = normalise_fields(body, api)
+    request = normalise_fields(body, api)
+    new = dict(request)
     changed = any(new.get(key) is not body.get(key) for key in new)
     if POLICY_KEY in new:
         del new[POLICY_KEY]
@@ -97,14 +99,14 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     policy = resolve_policy(new, api)
     original = body.get("tool_choice")
     if policy is None or not policy.has_allowlist:
-        return Rewritten(new, policy, original, changed)
+        return Rewritten(new, policy, original, changed, request)
     new["tool_choice"] = policy.internal_tool_choice()
     new[POLICY_KEY] = policy_to_wire(policy)
     template_kwargs = dict(new.get("chat_template_kwargs") or {})
     template_kwargs[TEMPLATE_KWARG] = {"mode": policy.mode,
                                        "names": sorted(policy.allowed_flat_names)}
     new["chat_template_kwargs"] = template_kwargs
-    return Rewritten(new, policy, original, True)
+    return Rewritten(new, policy, original, True, request)
 
 
 def filter_catalog(body: dict[str, Any], policy: ToolPolicy) -> dict[str, Any]:

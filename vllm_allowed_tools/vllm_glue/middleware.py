@@ -35,11 +35,11 @@ from ..guard import (
     ResponsesStreamGuard,
     check_chat_completion,
     check_responses_object,
+    request_tools,
     unreadable_violation,
 )
 from ..metrics import record_fallback, record_violation
 from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
-from ..typed_fields import normalise_fields
 from ..sse import SSEEvent, SSEFramer
 
 from .authentication import find_authentication
@@ -179,6 +179,7 @@ class _GuardedSend:
         self._guard: GuardedSSE | None = None
         self._framer = SSEFramer()
         self._finished = False
+        self._unreadable = ""   # what made a 2xx answer unreadable
 
     async def __call__(self, message: Message) -> None:
         if self._finished:
@@ -193,7 +194,9 @@ class _GuardedSend:
                 # so they pass as they are, whatever their content type.
                 self._mode = "raw"
             elif encoded or media not in ("application/json", "text/event-stream"):
-                self._mode, self._start = "unreadable", message   # refused at the first body
+                self._mode = "unreadable"   # refused at the first body
+                self._unreadable = ("an encoded (compressed) body" if encoded else
+                                    f"content type {media!r}" if media else "no single content type")
                 return
             elif media == "application/json":
                 self._mode, self._start = "json", message   # hold until the body is complete
@@ -221,10 +224,7 @@ class _GuardedSend:
             await self._send(message)
             return
         if self._mode == "unreadable":
-            media, encoded = _media_type((self._start or {}).get("headers"))
-            what = ("an encoded (compressed) body" if encoded else
-                    f"content type {media!r}" if media else "no single content type")
-            await self._refuse(unreadable_violation(f"a 2xx answer with {what}"),
+            await self._refuse(unreadable_violation(f"a 2xx answer with {self._unreadable}"),
                                stop=message.get("more_body", False))
             return
         if self._mode == "json":
@@ -405,10 +405,10 @@ class AllowedToolsMiddleware:
         api: Api = route.api   # type: ignore[assignment]
         render = route.decision == "render"
         try:
-            data = normalise_fields(data, api)
+            rewritten = rewrite_request(data, api)
+            data = rewritten.request
             _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,
                                        render=render)
-            rewritten = rewrite_request(data, api)
         except AllowedToolsError as exc:
             await _send_json(send, exc.status, exc.to_openai())
             return
@@ -461,7 +461,7 @@ class AllowedToolsMiddleware:
         )
         from ..policy import resolve_callable_catalog
         check_hints(data, self.approvals.policy)   # a bad `approval` object: 400 before generation
-        _refuse_gated_custom_tools(data, self.approvals)
+        _refuse_gated_custom_tools(data, api, self.approvals)
         body = strip_approval_hints(rewritten.body)
         if render:
             _refuse_approval_items(data)
@@ -556,27 +556,16 @@ def _refuse_approval_items(body: dict) -> None:
                 code="approval_items_not_rendered")
 
 
-def _custom_tool_names(body: dict) -> list[tuple[int, str]]:
-    """(index, name) of the request's ``custom`` tools (Responses flat shape, Chat nested)."""
-    found = []
-    for index, tool in enumerate(body.get("tools") or ()):
-        if isinstance(tool, dict) and tool.get("type") == "custom":
-            inner = tool.get("custom") if isinstance(tool.get("custom"), dict) else tool
-            if isinstance(inner.get("name"), str):
-                found.append((index, inner["name"]))
-    return found
-
-
-def _refuse_gated_custom_tools(body: dict, engine: Any) -> None:
+def _refuse_gated_custom_tools(body: dict, api: Api, engine: Any) -> None:
     """A ``custom`` tool the approval policy gates is refused before generation: its calls
     (``custom_tool_call``, free-form input) cannot be elicited and released yet, and serving them
     unasked would skip the approval. Ungated custom tools are served as before."""
     from ..policy import ToolIdentity
-    for index, name in _custom_tool_names(body):
-        if engine.policy.effective(ToolIdentity(None, name)).required:
+    for param, kind, namespace, name in request_tools(body, api):
+        if kind == "custom" and engine.policy.effective(ToolIdentity(namespace, name)).required:
             raise AllowedToolsError(
-                f"tools[{index}] is the custom tool {name!r}, which this server's approval policy "
+                f"{param} is the custom tool {name!r}, which this server's approval policy "
                 "gates; approvals are served for function tools only, so a gated custom tool cannot "
                 "be offered. Define it as a function tool (its calls then ask for approval), or ask "
-                "the operator to exempt it.", param=f"tools[{index}]",
+                "the operator to exempt it.", param=param,
                 code="custom_tool_needs_approval")
