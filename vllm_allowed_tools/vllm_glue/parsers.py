@@ -42,6 +42,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from os.path import commonprefix
 from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
@@ -99,15 +100,6 @@ def call_start(text: str, triggers: Sequence[str]) -> int | None:
     pieces = [size for trigger in triggers for size in range(min(len(trigger) - 1, len(text)), 0, -1)
               if text.endswith(trigger[:size])]
     return len(text) - max(pieces) if pieces else None
-
-
-def _common_prefix(a: str, b: str) -> str:
-    size = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        size += 1
-    return a[:size]
 
 
 def request_policy(request: Any) -> WirePolicy | None:
@@ -222,7 +214,7 @@ class AllowedToolsMixin:
             return None
         start = call_start(raw, self._call_triggers())
         if start is not None:
-            content = _common_prefix(content, raw[:start])
+            content = commonprefix([content, raw[:start]])
         return content if content.strip() else None
 
     def _parse_without_markup(self, model_output: str, request,
@@ -263,13 +255,11 @@ class AllowedToolsMixin:
         state = self.__dict__.setdefault("_allowed_tools_text", {"seen": "", "sent": 0})
         state["seen"] += delta.content
         seen = state["seen"]
-        start = None if self._all_call(policy) else call_start(current_text, self._call_triggers())
         if self._all_call(policy):
             limit = 0
-        elif start is None:
-            limit = len(seen)
         else:
-            limit = len(_common_prefix(seen, current_text[:start]))
+            start = call_start(current_text, self._call_triggers())
+            limit = len(seen) if start is None else len(commonprefix([seen, current_text[:start]]))
         release = seen[state["sent"]:limit] if limit > state["sent"] else ""
         state["sent"] = max(state["sent"], limit)
         if release == delta.content:
