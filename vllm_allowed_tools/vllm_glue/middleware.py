@@ -41,10 +41,15 @@ from ..guard import (
 from ..metrics import record_fallback, record_violation
 from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
 from ..sse import SSEEvent, SSEFramer
-
 from .authentication import find_authentication
-from .routes import RouteDecision, carries_tools, decide, find_router, log_route_table, \
-    matched_template
+from .routes import (
+    RouteDecision,
+    carries_tools,
+    decide,
+    find_router,
+    log_route_table,
+    matched_template,
+)
 
 logger = logging.getLogger(__name__)
 
