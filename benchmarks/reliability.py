@@ -23,9 +23,10 @@ broken ``allowed_tools`` selections (both shapes, every mode, unknown/ambiguous/
 malformed selectors, empty/missing lists), plain choices, near-miss types; ``parallel_tool_calls``
 of every JSON type; malformed inputs (messages, input, max tokens, temperature, stream, model); a
 forged policy smuggled in the body; raw non-JSON / non-object bodies. What each request should get
-is computed locally with :func:`vllm_allowed_tools.policy.resolve_policy`:
+is computed locally with :func:`vllm_allowed_tools.rewrite.rewrite_request` (typed fields read
+as vLLM reads them, then the policy):
 
-* the resolver raises: a 400 from the plugin with exactly that ``error.param``;
+* it raises: a 400 from the plugin with exactly that ``error.param``;
 * a malformed input: a 4xx naming the field (``error.param``, or a field name in the message:
   vLLM's own validation errors);
 * a valid ``allowed_tools`` selection: 200, and every returned call is in THAT request's resolved
@@ -101,9 +102,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from vllm_allowed_tools.errors import InvalidSelectionError
-from vllm_allowed_tools.policy import resolve_policy
-from vllm_allowed_tools.rewrite import POLICY_KEY, TEMPLATE_KWARG
+from vllm_allowed_tools.errors import AllowedToolsError
+from vllm_allowed_tools.rewrite import POLICY_KEY, TEMPLATE_KWARG, rewrite_request
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
 PATHS = {"chat": "/chat/completions", "responses": "/responses"}
@@ -384,9 +384,9 @@ def expected(case: Case) -> Expect:
     if isinstance(case.body, bytes) or not isinstance(case.body, dict):
         return Expect("vllm_4xx")
     body = {k: v for k, v in case.body.items() if k != POLICY_KEY}   # the middleware strips it
-    try:
-        policy = resolve_policy(body, case.api)
-    except InvalidSelectionError as exc:
+    try:   # what the middleware does: typed fields read as vLLM reads them, then the policy
+        policy = rewrite_request(body, case.api).policy
+    except AllowedToolsError as exc:
         return Expect("ours_400", param=exc.param)
     if policy is not None and policy.has_allowlist:
         catalog_faulty = any(f.startswith("catalog:") for f in case.faults)
