@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -e '.[cpu,test]'
-	$(PY) -m vllm_allowed_tools.cpu_setup
+	$(PY) -m vllm_allowed_tools.devtools.cpu_setup
 	touch $(STAMP)
 
 demo: $(STAMP)

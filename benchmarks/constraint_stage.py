@@ -30,13 +30,13 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from vllm_allowed_tools.constraint import (
+from vllm_allowed_tools.decode.constraint import (
     CompiledGrammars,
     MaskedBatch,
     constraint_extra_args,
     read_extra_args,
 )
-from vllm_allowed_tools.grammar import (
+from vllm_allowed_tools.decode.grammar import (
     AllowedFunction,
     GrammarKey,
     allowed_subset_tag,
@@ -253,7 +253,7 @@ def bench_decode(rounds: int, tokens: int) -> list[dict[str, Any]]:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from vllm_allowed_tools.serve import MAX_MODEL_LEN, server_environment, template_for_parser
+    from vllm_allowed_tools.testing.server import MAX_MODEL_LEN, server_environment, template_for_parser
     from vllm_allowed_tools.testing.tiny_model import ensure_model
     from vllm_allowed_tools.testing.tool_pool import sample_catalog
 

@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 
-from vllm_allowed_tools.rewrite import rewrite_request
+from vllm_allowed_tools.request.rewrite import rewrite_request
 
 
 def _body(size: int, salt: str) -> dict:

@@ -19,17 +19,17 @@ import statistics
 import time
 from pathlib import Path
 
-from vllm_allowed_tools.guard import ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
-from vllm_allowed_tools.rewrite import WirePolicy
-from vllm_allowed_tools.sse import SSEFramer
+from vllm_allowed_tools.response.guard import ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
+from vllm_allowed_tools.request.rewrite import WireAllowlist
+from vllm_allowed_tools.response.sse import SSEFramer
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "guard"
 
 
-def _policy(request: dict) -> WirePolicy:
+def _policy(request: dict) -> WireAllowlist:
     tools = request["body"].get("tools") or []
     names = [t.get("name") or t.get("function", {}).get("name") for t in tools]
-    return WirePolicy(mode="auto", allowed=frozenset(names), catalog=frozenset(names),
+    return WireAllowlist(mode="auto", allowed=frozenset(names), catalog=frozenset(names),
                       parallel_tool_calls=True, catalog_digest="", allowlist_digest="")
 
 
@@ -47,7 +47,7 @@ def _passthrough(chunks: list[bytes]) -> int:
     return events
 
 
-def _guarded(chunks: list[bytes], policy: WirePolicy, chat: bool) -> bytes:
+def _guarded(chunks: list[bytes], policy: WireAllowlist, chat: bool) -> bytes:
     guard = GuardedSSE(ChatStreamGuard(policy) if chat else ResponsesStreamGuard(policy))
     out = [guard.feed(chunk) for chunk in chunks]
     out.append(guard.close())

@@ -23,7 +23,7 @@ broken ``allowed_tools`` selections (both shapes, every mode, unknown/ambiguous/
 malformed selectors, empty/missing lists), plain choices, near-miss types; ``parallel_tool_calls``
 of every JSON type; malformed inputs (messages, input, max tokens, temperature, stream, model); a
 forged policy smuggled in the body; raw non-JSON / non-object bodies. What each request should get
-is computed locally with :func:`vllm_allowed_tools.rewrite.rewrite_request` (typed fields read
+is computed locally with :func:`vllm_allowed_tools.request.rewrite.rewrite_request` (typed fields read
 as vLLM reads them, then the policy):
 
 * it raises: a 400 from the plugin with exactly that ``error.param``;
@@ -103,7 +103,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from vllm_allowed_tools.errors import AllowedToolsError
-from vllm_allowed_tools.rewrite import POLICY_KEY, TEMPLATE_KWARG, rewrite_request
+from vllm_allowed_tools.request.rewrite import POLICY_KEY, TEMPLATE_KWARG, rewrite_request
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
 PATHS = {"chat": "/chat/completions", "responses": "/responses"}
@@ -1583,7 +1583,7 @@ def _start_server(flavour: str, log_dir: Path, env: dict[str, str] | None = None
                   tag: str = "") -> tuple[subprocess.Popen, str]:
     exe = shutil.which("vllm-allowed-tools", path=str(Path(sys.executable).parent)) \
         or shutil.which("vllm-allowed-tools")
-    command = [exe] if exe else [sys.executable, "-m", "vllm_allowed_tools.cli"]
+    command = [exe] if exe else [sys.executable, "-m", "vllm_allowed_tools.devtools.cli"]
     log = log_dir / f"vllm-reliability-{flavour}{tag}.log"
     command += ["serve-tiny", "--flavour", flavour, "--log-file", str(log)]
     _log(f"starting: {' '.join(command)}")

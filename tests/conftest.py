@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.serve import free_port
+from vllm_allowed_tools.testing.server import free_port
 
 
 @dataclass
@@ -52,7 +52,7 @@ def start_cli_server(flavour: str, extra_args: list[str] | None = None,
     """Start `vllm-allowed-tools serve-tiny` (builds the model on first use) and wait for its URL."""
     port = free_port()
     log_path = Path(tempfile.mkstemp(prefix=f"vllm-{flavour}-", suffix=".log")[1])
-    command = [sys.executable, "-m", "vllm_allowed_tools.cli", "serve-tiny", "--port", str(port),
+    command = [sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "serve-tiny", "--port", str(port),
                "--flavour", flavour, "--log-file", str(log_path), *(options or [])]
     if extra_args:
         command += ["--", *extra_args]

@@ -32,7 +32,7 @@ from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals import open_store
 from vllm_allowed_tools.approvals.policy import check_hints
 from vllm_allowed_tools.approvals.wire import ResponseApprovals, principal_from_headers
-from vllm_allowed_tools.policy import ToolIdentity, resolve_policy
+from vllm_allowed_tools.request.allowlist import ToolIdentity, resolve_allowlist
 
 _SEND = {"type": "function", "name": "send_email", "description": "Send an email.",
          "parameters": {"type": "object", "properties": {"to": {"type": "string"}}}}
@@ -117,7 +117,7 @@ def test_a_namespaced_call_on_the_wire_is_elicited_by_a_bare_name_rule(tmp_path)
         {"rules": [{"tools": ["send_email"], "approval": "required"}]}), tmp_path / "grants.db")
     body = {"model": "m", "input": "hi", "tools": [{"type": "namespace", "name": "mail",
                                                     "description": "mail", "tools": [_SEND]}]}
-    approvals = ResponseApprovals(engine, body, resolve_policy(body, "responses"),
+    approvals = ResponseApprovals(engine, body, resolve_allowlist(body, "responses"),
                                   principal="alice", session="s1")
     assert approvals.may_call_gated()
     response = {"output": [{"type": "function_call", "call_id": "c1", "namespace": "mail",

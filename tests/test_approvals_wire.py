@@ -18,8 +18,8 @@ from vllm_allowed_tools.approvals.wire import (
     session_of,
     strip_approval_hints,
 )
-from vllm_allowed_tools.guard import CatalogPolicy
-from vllm_allowed_tools.policy import resolve_policy
+from vllm_allowed_tools.response.guard import AllowedNames
+from vllm_allowed_tools.request.allowlist import resolve_allowlist
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 GATED, FREE = "send_email", "get_weather"
@@ -44,7 +44,7 @@ def _call(name, call_id="call_1"):
 
 
 def _approvals(engine, body, session="s1"):
-    return ResponseApprovals(engine, body, resolve_policy(body, "responses"), principal="alice",
+    return ResponseApprovals(engine, body, resolve_allowlist(body, "responses"), principal="alice",
                              session=session)
 
 
@@ -80,20 +80,20 @@ def test_accept_releases_exactly_the_recorded_call_without_the_model(engine):
               "action": "accept", "scope": "once"}
     follow = _body({"role": "user", "content": "hi"}, tampered, answer)
     prepared = prepare_request(engine, follow, principal="alice", session="s1",
-                               catalog=resolve_policy(follow, "responses"))
+                               catalog=resolve_allowlist(follow, "responses"))
     assert prepared.direct_output is not None
     [released] = prepared.direct_output
     assert released["call_id"] == "c1" and released["arguments"] == elicitation["arguments"]
     # the same follow-up again without the released call (a lost reply, a retry): the same call,
     # identical item
     retried = prepare_request(engine, follow, principal="alice", session="s1",
-                              catalog=resolve_policy(follow, "responses"))
+                              catalog=resolve_allowlist(follow, "responses"))
     assert retried.direct_output == prepared.direct_output
     # the history kept (the released call and its output follow): nothing is released again
     kept = _body(*follow["input"], released,
                  {"type": "function_call_output", "call_id": "c1", "output": "sent"})
     again = prepare_request(engine, kept, principal="alice", session="s1",
-                            catalog=resolve_policy(kept, "responses"))
+                            catalog=resolve_allowlist(kept, "responses"))
     assert again.direct_output is None
     assert all(item.get("type") not in ("elicitation", "elicitation_response")
                for item in again.body["input"])
@@ -110,7 +110,7 @@ def test_decline_reaches_the_model_as_the_calls_result(engine):
               "action": "decline", "reason": "not now"}
     follow = _body({"role": "user", "content": "hi"}, elicitation, answer)
     prepared = prepare_request(engine, follow, principal="alice", session="s1",
-                               catalog=resolve_policy(follow, "responses"))
+                               catalog=resolve_allowlist(follow, "responses"))
     assert prepared.direct_output is None
     kinds = [item.get("type", "message") for item in prepared.body["input"]]
     assert kinds == ["message", "function_call", "function_call_output"]
@@ -130,13 +130,13 @@ def test_another_principal_cannot_answer(engine):
     follow = _accepted_follow_up(engine, "once")
     with pytest.raises(ApprovalInputError):
         prepare_request(engine, follow, principal="mallory", session="s1",
-                        catalog=resolve_policy(follow, "responses"))
+                        catalog=resolve_allowlist(follow, "responses"))
 
 
 def test_session_grant_releases_later_calls_in_that_session_only(engine):
     follow = _accepted_follow_up(engine, "session")
     assert prepare_request(engine, follow, principal="alice", session="s1",
-                           catalog=resolve_policy(follow, "responses")).direct_output
+                           catalog=resolve_allowlist(follow, "responses")).direct_output
     later = {"object": "response", "output": [_call(GATED, "c2")]}
     _approvals(engine, _body()).apply_to_response(later)
     assert later["output"][0]["type"] == "function_call"        # the live session grant
@@ -150,7 +150,7 @@ def test_unknown_elicitation_type_is_a_400_naming_the_field(engine):
                     "message": "?"})
     with pytest.raises(ApprovalInputError) as error:
         prepare_request(engine, follow, principal="alice", session="s1",
-                        catalog=resolve_policy(follow, "responses"))
+                        catalog=resolve_allowlist(follow, "responses"))
     assert error.value.status == 400 and error.value.param.startswith("input[0]")
 
 
@@ -189,7 +189,7 @@ def test_stream_passes_a_free_call_unchanged(engine):
 
 def test_chat_cannot_release_gated_tools(engine):
     body = {"tools": [POOL_BY_NAME[GATED].chat_tool(), POOL_BY_NAME[FREE].chat_tool()]}
-    policy = WithoutGated(CatalogPolicy.from_request(body, "chat"), engine, body)
+    policy = WithoutGated(AllowedNames.from_request(body, "chat"), engine, body)
     assert policy.is_allowed(FREE) and not policy.is_allowed(GATED)
 
 
@@ -213,7 +213,7 @@ def test_approval_hints_are_stripped_for_vllm_and_direct_responses_validate():
 
 def _prepare(engine, body, principal="alice", session="s1"):
     return prepare_request(engine, body, principal=principal, session=session,
-                           catalog=resolve_policy(body, "responses"))
+                           catalog=resolve_allowlist(body, "responses"))
 
 
 def test_a_retried_accept_returns_identical_items_and_mints_no_second_grant(engine):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from test_parsers_e2e import TWO_TOOLS, glue, policy_request  # noqa: F401 (glue: a fixture)
 
-from vllm_allowed_tools.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 PROSE = "Sure. "

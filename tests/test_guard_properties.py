@@ -2,7 +2,7 @@
 
 For any chunking of any recorded stream (plus variants with a call's name split over several
 chunks, or a Responses call whose name arrives only at its ``done`` events), run through
-:class:`~vllm_allowed_tools.guard.GuardedSSE`:
+:class:`~vllm_allowed_tools.response.guard.GuardedSSE`:
 
 * with every called tool allowed, the output is the input, byte for byte (event for event);
 * with one called tool disallowed, no byte of any call to it (id, call id, name, arguments, not
@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guard import chat_calls
 
-from vllm_allowed_tools.guard import CatalogPolicy, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
-from vllm_allowed_tools.sse import SSEEvent, SSEFramer
+from vllm_allowed_tools.response.guard import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
+from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 
 DATA = Path(__file__).parent / "data" / "guard"
@@ -148,7 +148,7 @@ chunk_sizes = st.lists(st.integers(1, 700), max_size=80)
 @given(scenarios(), chunk_sizes)
 def test_allowed_only_streams_pass_through_byte_for_byte(scenario, sizes):
     api, raw = scenario.api, scenario.raw
-    out, guarded = _guard(_chunked(raw, sizes), api, CatalogPolicy(NAMES))
+    out, guarded = _guard(_chunked(raw, sizes), api, AllowedNames(NAMES))
     assert out == raw
     assert not guarded.terminal
 
@@ -159,7 +159,7 @@ def test_disallowed_call_never_leaks_and_ends_with_one_terminal_event(scenario, 
     api, raw, calls = scenario.api, scenario.raw, scenario.calls
     assert calls, scenario           # scenarios(with_calls=True) draws only streams with a call
     bad_name = data.draw(st.sampled_from(sorted({call["name"] for call in calls})))
-    out, guarded = _guard(_chunked(raw, sizes), api, CatalogPolicy([n for n in NAMES if n != bad_name]))
+    out, guarded = _guard(_chunked(raw, sizes), api, AllowedNames([n for n in NAMES if n != bad_name]))
     assert guarded.terminal and guarded.violation is not None
     assert guarded.violation.name == bad_name
     events = _events(out)

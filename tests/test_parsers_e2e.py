@@ -17,7 +17,7 @@ the tool pool (strict, enum-only arguments) and a 2-tool subset:
 * required mode with ``parallel_tool_calls=False``: exactly one call, in the subset, schema-valid
   arguments, over several seeds at temperature 1.0;
 * auto mode: never a call outside the subset;
-* the server renders the prompt exactly as :mod:`vllm_allowed_tools.render` does, policy block included.
+* the server renders the prompt exactly as :mod:`vllm_allowed_tools.devtools.render` does, policy block included.
 
 The random model rarely emits EOS, so nothing here asks for parallel calls in required mode (that
 would run to max_tokens).
@@ -38,9 +38,9 @@ from pathlib import Path
 import pytest
 from conftest import RunningServer, start_cli_server, stop_cli_server
 
-from vllm_allowed_tools.prefix import policy_block_offset, render_with_policy
-from vllm_allowed_tools.render import render_chat
-from vllm_allowed_tools.serve import TEMPLATE_FOR_PARSER
+from vllm_allowed_tools.devtools.prefix import policy_block_offset, render_with_policy
+from vllm_allowed_tools.devtools.render import render_chat
+from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 
 pytestmark = pytest.mark.server
@@ -327,7 +327,7 @@ def policy_request(mode: str, allowed: list[str], tool_names: list[str], paralle
     """A ChatCompletionRequest as vLLM sees it after our middleware (policy attached)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    from vllm_allowed_tools.rewrite import rewrite_request
+    from vllm_allowed_tools.request.rewrite import rewrite_request
 
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
             "tools": [POOL_BY_NAME[name].chat_tool() for name in tool_names],

@@ -14,12 +14,12 @@ from vllm_allowed_tools.errors import (
     CapabilityError,
     InvalidSelectionError,
 )
-from vllm_allowed_tools.policy import (
+from vllm_allowed_tools.request.allowlist import (
     FunctionSpec,
     ToolIdentity,
-    ToolPolicy,
+    TurnAllowlist,
     catalog_digest,
-    resolve_policy,
+    resolve_allowlist,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ ACCEPT: list[tuple[str, str, dict[str, Any], set[ToolIdentity]]] = [
 def test_allowed_tools_accepts(case: str, api: str, body: dict[str, Any],
                                expected: set[ToolIdentity]) -> None:
     original = copy.deepcopy(body)
-    policy = resolve_policy(body, api)  # type: ignore[arg-type]
+    policy = resolve_allowlist(body, api)  # type: ignore[arg-type]
     assert policy is not None
     assert body == original, "resolution must not mutate the request"
     assert policy.api == api
@@ -194,7 +194,7 @@ def test_allowed_tools_accepts(case: str, api: str, body: dict[str, Any],
 
 
 def test_responses_catalog_flattens_namespaces_and_skips_non_functions() -> None:
-    policy = resolve_policy(r_allowed(R_TOOLS, "auto", r_sel("get_weather")), "responses")
+    policy = resolve_allowlist(r_allowed(R_TOOLS, "auto", r_sel("get_weather")), "responses")
     assert policy is not None
     assert [s.flat_name for s in policy.catalog] == [
         "crm__lookup", "crm__read_file", "get_weather", "github__create_issue", "github__lookup",
@@ -208,7 +208,7 @@ def test_responses_catalog_flattens_namespaces_and_skips_non_functions() -> None
     assert policy.lookup("mcp__computer_use").identity == I(None, "mcp__computer_use")
     spec = policy.lookup("crm__lookup")
     assert spec.parameters == {"type": "object", "properties": {"x": {"type": "string"}}}
-    ping = resolve_policy(r_allowed([{"type": "function", "name": "ping"}], "auto", r_sel("ping")),
+    ping = resolve_allowlist(r_allowed([{"type": "function", "name": "ping"}], "auto", r_sel("ping")),
                           "responses")
     assert ping.catalog[0].parameters == {"type": "object", "properties": {}}
     assert ping.catalog[0].description is None
@@ -439,7 +439,7 @@ def test_allowed_tools_rejects(case: str, api: str, body: dict[str, Any], reason
                                code: str, text: str) -> None:
     before = metrics.snapshot()["invalid_selections"].get(reason, 0)
     with pytest.raises(InvalidSelectionError) as info:
-        resolve_policy(body, api)  # type: ignore[arg-type]
+        resolve_allowlist(body, api)  # type: ignore[arg-type]
     err = info.value
     assert (err.status, err.type, err.reason, err.param, err.code) == (
         400, "invalid_request_error", reason, param, code), err.message
@@ -453,21 +453,21 @@ def test_allowed_tools_rejects(case: str, api: str, body: dict[str, Any], reason
 def test_long_catalog_listing_is_truncated() -> None:
     tools = [r_fn(f"tool_{i:03d}") for i in range(60)]
     with pytest.raises(InvalidSelectionError) as info:
-        resolve_policy(r_allowed(tools, "auto", r_sel("zzz")), "responses")
+        resolve_allowlist(r_allowed(tools, "auto", r_sel("zzz")), "responses")
     assert "... (40 more)" in info.value.message
     assert len(info.value.message) < 1000
 
 
 def test_huge_client_name_is_truncated_in_message() -> None:
     with pytest.raises(InvalidSelectionError) as info:
-        resolve_policy(r_allowed(R_TOOLS, "auto", r_sel("x" * 10_000)), "responses")
+        resolve_allowlist(r_allowed(R_TOOLS, "auto", r_sel("x" * 10_000)), "responses")
     assert len(info.value.message) < 1000
 
 
 def test_first_problem_wins_in_request_order() -> None:
     body = r_allowed([r_fn("a")], "auto", r_sel("nope", {"type": "mcp"}))
     with pytest.raises(InvalidSelectionError) as info:
-        resolve_policy(body, "responses")
+        resolve_allowlist(body, "responses")
     assert info.value.param == "tool_choice.tools[0].name"
 
 
@@ -476,15 +476,15 @@ def test_first_problem_wins_in_request_order() -> None:
 
 
 def test_no_tools_no_choice_is_nothing_to_do() -> None:
-    assert resolve_policy({"input": "hi"}, "responses") is None
-    assert resolve_policy({"messages": [], "tools": []}, "chat") is None
-    assert resolve_policy({"tools": None, "tool_choice": None}, "chat") is None
+    assert resolve_allowlist({"input": "hi"}, "responses") is None
+    assert resolve_allowlist({"messages": [], "tools": []}, "chat") is None
+    assert resolve_allowlist({"tools": None, "tool_choice": None}, "chat") is None
 
 
 @pytest.mark.parametrize("api", ["responses", "chat"])
 def test_plain_auto_default(api: str) -> None:
     tools = R_TOOLS if api == "responses" else C_TOOLS
-    policy = resolve_policy({"tools": tools}, api)  # type: ignore[arg-type]
+    policy = resolve_allowlist({"tools": tools}, api)  # type: ignore[arg-type]
     assert policy is not None
     assert (policy.choice, policy.mode, policy.allowed, policy.has_allowlist) == ("auto", "auto", None, False)
     assert policy.original_tool_choice is None
@@ -498,7 +498,7 @@ def test_plain_auto_default(api: str) -> None:
 @pytest.mark.parametrize("choice", ["none", "auto", "required"])
 def test_plain_string_choices(api: str, choice: str) -> None:
     tools = R_TOOLS if api == "responses" else C_TOOLS
-    policy = resolve_policy({"tools": tools, "tool_choice": choice, "parallel_tool_calls": False},
+    policy = resolve_allowlist({"tools": tools, "tool_choice": choice, "parallel_tool_calls": False},
                             api)  # type: ignore[arg-type]
     assert policy is not None
     assert policy.choice == choice
@@ -514,12 +514,12 @@ def test_plain_string_choices(api: str, choice: str) -> None:
 
 
 def test_plain_choice_without_tools_is_described() -> None:
-    policy = resolve_policy({"tool_choice": "none"}, "chat")
+    policy = resolve_allowlist({"tool_choice": "none"}, "chat")
     assert policy is not None and policy.catalog == () and policy.choice == "none"
 
 
 def test_auto_default_with_only_hosted_tools() -> None:
-    policy = resolve_policy({"tools": [{"type": "web_search"}]}, "responses")
+    policy = resolve_allowlist({"tools": [{"type": "web_search"}]}, "responses")
     assert policy is not None and policy.choice == "auto" and policy.catalog == ()
 
 
@@ -542,7 +542,7 @@ def test_auto_default_with_only_hosted_tools() -> None:
      I(None, "mcp__computer_use")),
 ])
 def test_named_choice(api: str, body: dict[str, Any], expected: ToolIdentity) -> None:
-    policy = resolve_policy(body, api)  # type: ignore[arg-type]
+    policy = resolve_allowlist(body, api)  # type: ignore[arg-type]
     assert policy is not None
     assert policy.choice == "named" and policy.mode is None
     assert policy.allowed == frozenset({expected})
@@ -571,7 +571,7 @@ def test_named_choice(api: str, body: dict[str, Any], expected: ToolIdentity) ->
 ])
 def test_plain_requests_we_do_not_model_return_none(api: str, body: dict[str, Any]) -> None:
     before = metrics.snapshot()["invalid_selections"]
-    assert resolve_policy(body, api) is None  # type: ignore[arg-type]
+    assert resolve_allowlist(body, api) is None  # type: ignore[arg-type]
     assert metrics.snapshot()["invalid_selections"] == before
 
 
@@ -583,14 +583,14 @@ def test_plain_requests_we_do_not_model_return_none(api: str, body: dict[str, An
 ])
 def test_plain_requests_the_policy_cannot_read_are_refused(body: dict[str, Any], param: str) -> None:
     with pytest.raises(InvalidSelectionError) as caught:
-        resolve_policy(body, "chat")
+        resolve_allowlist(body, "chat")
     assert caught.value.param == param and caught.value.status == 400
 
 
 def test_plain_choices_tolerate_malformed_entries() -> None:
     tools = [r_fn("ok"), {"type": "function"}, "junk", r_fn("a__b"),
              {"type": "namespace", "name": "bad", "tools": 3}]
-    policy = resolve_policy({"tools": tools, "tool_choice": "required"}, "responses")
+    policy = resolve_allowlist({"tools": tools, "tool_choice": "required"}, "responses")
     assert policy is not None
     assert [s.flat_name for s in policy.catalog] == ["a__b", "ok"]
     assert policy.is_allowed("a__b") and policy.is_allowed("ok")
@@ -604,7 +604,7 @@ def test_plain_choices_tolerate_malformed_entries() -> None:
 def test_two_definitions_of_one_name_are_refused_under_every_choice(choice, tools, reason) -> None:
     # never "the first by digest order": that would let a grant for one definition release the other
     with pytest.raises(InvalidSelectionError) as caught:
-        resolve_policy({"tools": tools, "tool_choice": choice}, "responses")
+        resolve_allowlist({"tools": tools, "tool_choice": choice}, "responses")
     assert caught.value.reason == reason and caught.value.param.startswith("tools[")
 
 
@@ -612,11 +612,11 @@ def test_two_definitions_of_one_name_are_refused_under_every_choice(choice, tool
 # digests
 
 
-def _digest_of(api: str, tools: list[Any], selection: list[str], **body: Any) -> ToolPolicy:
+def _digest_of(api: str, tools: list[Any], selection: list[str], **body: Any) -> TurnAllowlist:
     if api == "responses":
-        policy = resolve_policy(r_allowed(tools, "auto", r_sel(*selection), **body), "responses")
+        policy = resolve_allowlist(r_allowed(tools, "auto", r_sel(*selection), **body), "responses")
     else:
-        policy = resolve_policy(c_allowed(tools, "auto", c_sel(*selection), **body), "chat")
+        policy = resolve_allowlist(c_allowed(tools, "auto", c_sel(*selection), **body), "chat")
     assert policy is not None
     return policy
 
@@ -669,7 +669,7 @@ def test_allowlist_digest_is_stable_and_sensitive() -> None:
     assert _digest_of("responses", list(reversed(tools)), ["b", "a"]).allowlist_digest == base
     assert _digest_of("responses", tools, ["a"]).allowlist_digest != base
     assert _digest_of("responses", tools, ["a", "b"], parallel_tool_calls=False).allowlist_digest != base
-    required = resolve_policy(r_allowed(tools, "required", r_sel("a", "b")), "responses")
+    required = resolve_allowlist(r_allowed(tools, "required", r_sel("a", "b")), "responses")
     assert required.allowlist_digest != base
 
 
@@ -698,7 +698,7 @@ def test_non_json_tools_are_still_parsed() -> None:
         pass
 
     tools = [Weird(type="function", name="a", parameters={"default": {1, 2}})]
-    policy = resolve_policy({"tools": tools, "tool_choice": "auto"}, "responses")
+    policy = resolve_allowlist({"tools": tools, "tool_choice": "auto"}, "responses")
     assert policy is not None and [s.flat_name for s in policy.catalog] == ["a"]
 
 
@@ -717,12 +717,12 @@ def test_identity_order_mixes_top_level_and_namespaces() -> None:
 def test_policy_never_widens() -> None:
     spec = FunctionSpec.build(I(None, "a"), None, None)
     with pytest.raises(ValueError, match="not in the catalog"):
-        ToolPolicy.build(api="chat", catalog=[spec], choice="allowed", mode="auto",
+        TurnAllowlist.build(api="chat", catalog=[spec], choice="allowed", mode="auto",
                          allowed=frozenset({I(None, "b")}))
-    policy = ToolPolicy.build(api="chat", catalog=[spec], choice="allowed", mode="required",
+    policy = TurnAllowlist.build(api="chat", catalog=[spec], choice="allowed", mode="required",
                               allowed=frozenset({I(None, "a")}), parallel_tool_calls=False)
     assert policy.is_allowed("a") and policy.internal_tool_choice() == "required"
-    assert hash(policy) == hash(ToolPolicy.build(api="chat", catalog=[spec], choice="allowed",
+    assert hash(policy) == hash(TurnAllowlist.build(api="chat", catalog=[spec], choice="allowed",
                                                  mode="required", allowed=frozenset({I(None, "a")}),
                                                  parallel_tool_calls=False))
 

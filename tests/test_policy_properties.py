@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_allowed_tools.errors import InvalidSelectionError
-from vllm_allowed_tools.policy import ToolIdentity, catalog_digest, resolve_policy
+from vllm_allowed_tools.request.allowlist import ToolIdentity, catalog_digest, resolve_allowlist
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
@@ -151,7 +151,7 @@ def test_allowlist_is_exactly_the_selection(catalog: tuple[list[Any], list[Fn]],
     tools, functions = catalog
     if not functions:
         with pytest.raises(InvalidSelectionError) as info:
-            resolve_policy(responses_body(tools, [{"type": "function", "name": "a"}]), "responses")
+            resolve_allowlist(responses_body(tools, [{"type": "function", "name": "a"}]), "responses")
         assert info.value.reason == "no_function_tools"
         return
     chosen = data.draw(st.lists(st.sampled_from(functions), min_size=1, max_size=6))
@@ -163,7 +163,7 @@ def test_allowlist_is_exactly_the_selection(catalog: tuple[list[Any], list[Fn]],
             selectors.append({"type": "function", "name": fn.identity.flat_name})
     mode = data.draw(st.sampled_from(["auto", "required"]))
     parallel = data.draw(st.sampled_from([True, False, None]))
-    policy = resolve_policy(responses_body(tools, selectors, mode, parallel_tool_calls=parallel),
+    policy = resolve_allowlist(responses_body(tools, selectors, mode, parallel_tool_calls=parallel),
                             "responses")
     assert policy is not None
     expected = {fn.identity for fn in chosen}
@@ -192,11 +192,11 @@ def test_bare_names_follow_the_documented_order(catalog: tuple[list[Any], list[F
     if bare in top_level or bare in flat or len(same_bare) == 1:
         expected = top_level.get(bare) or flat.get(bare) or next(
             fn.identity for fn in members if fn.name == bare)
-        policy = resolve_policy(body, "responses")
+        policy = resolve_allowlist(body, "responses")
         assert policy is not None and policy.allowed == {expected}
     else:
         with pytest.raises(InvalidSelectionError) as info:
-            resolve_policy(body, "responses")
+            resolve_allowlist(body, "responses")
         assert info.value.reason == "ambiguous_name"
         assert all(name in info.value.message for name in same_bare)
 
@@ -205,7 +205,7 @@ def test_bare_names_follow_the_documented_order(catalog: tuple[list[Any], list[F
 @given(st.lists(fns, min_size=1, max_size=6, unique_by=lambda fn: fn.name), st.data())
 def test_chat_allowlist_is_exactly_the_selection(functions: list[Fn], data: st.DataObject) -> None:
     chosen = data.draw(st.lists(st.sampled_from(functions), min_size=1, max_size=6))
-    policy = resolve_policy(chat_body([fn.chat() for fn in functions], [fn.name for fn in chosen]),
+    policy = resolve_allowlist(chat_body([fn.chat() for fn in functions], [fn.name for fn in chosen]),
                             "chat")
     assert policy is not None
     assert policy.allowed == {ToolIdentity(None, fn.name) for fn in chosen}
@@ -235,7 +235,7 @@ def test_non_function_and_unknown_selectors_are_rejected(catalog: tuple[list[Any
                                  .filter(lambda n: n not in resolvable))}
     selectors = data.draw(st.permutations([*good[: data.draw(st.integers(0, len(good)))], bad]))
     with pytest.raises(InvalidSelectionError) as info:
-        resolve_policy(responses_body(tools, selectors), "responses")
+        resolve_allowlist(responses_body(tools, selectors), "responses")
     err = info.value
     assert err.status == 400
     assert err.reason == ("non_function_selector" if kind == "non_function" else "unknown_function")
@@ -259,11 +259,11 @@ def test_catalog_digest_ignores_order_keys_and_strict(catalog: tuple[list[Any], 
         # two definitions of one flat name: refused under every choice, in any order
         for body_tools in (tools, variant):
             with pytest.raises(InvalidSelectionError) as info:
-                resolve_policy({"tools": body_tools, "tool_choice": "auto"}, "responses")
+                resolve_allowlist({"tools": body_tools, "tool_choice": "auto"}, "responses")
             assert info.value.reason in ("duplicate_tool", "ambiguous_name")
     else:
-        p1 = resolve_policy({"tools": tools, "tool_choice": "auto"}, "responses")
-        p2 = resolve_policy({"tools": variant, "tool_choice": "auto"}, "responses")
+        p1 = resolve_allowlist({"tools": tools, "tool_choice": "auto"}, "responses")
+        p2 = resolve_allowlist({"tools": variant, "tool_choice": "auto"}, "responses")
         assert p1 is not None and p2 is not None
         assert [s.digest for s in p1.catalog] == [s.digest for s in p2.catalog]
         assert [s.identity for s in p1.catalog] == [s.identity for s in p2.catalog]
@@ -297,7 +297,7 @@ def test_selection_never_touches_the_catalog(catalog: tuple[list[Any], list[Fn]]
     tools, functions = catalog
     assume(functions)
     picks = [data.draw(st.lists(st.sampled_from(functions), min_size=1, max_size=4)) for _ in range(2)]
-    policies = [resolve_policy(responses_body(tools, [{"type": "function", "name": fn.identity.flat_name}
+    policies = [resolve_allowlist(responses_body(tools, [{"type": "function", "name": fn.identity.flat_name}
                                                       for fn in pick]), "responses")
                 for pick in picks]
     assert policies[0].catalog == policies[1].catalog
@@ -316,8 +316,8 @@ def test_allowlist_digest_ignores_selector_order_and_duplicates(
     selectors = [{"type": "function", "name": fn.identity.flat_name} for fn in pick]
     noisy = selectors + [copy.deepcopy(rnd.choice(selectors))]
     rnd.shuffle(noisy)
-    a = resolve_policy(responses_body(tools, selectors), "responses")
-    b = resolve_policy(responses_body(shuffle_tools(tools, rnd), noisy), "responses")
+    a = resolve_allowlist(responses_body(tools, selectors), "responses")
+    b = resolve_allowlist(responses_body(shuffle_tools(tools, rnd), noisy), "responses")
     assert a.allowlist_digest == b.allowlist_digest
     assert a.catalog_digest == b.catalog_digest
 
@@ -356,7 +356,7 @@ def test_arbitrary_bodies_resolve_or_fail_cleanly(api: str, tools: Any, tool_cho
                    {"type": "allowed_tools", "allowed_tools": tool_choice}):
         body = {"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel}
         try:
-            policy = resolve_policy(body, api)  # type: ignore[arg-type]
+            policy = resolve_allowlist(body, api)  # type: ignore[arg-type]
         except InvalidSelectionError as err:
             assert err.status == 400 and err.reason and err.param
             continue

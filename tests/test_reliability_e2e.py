@@ -118,9 +118,9 @@ NON_LIST_MEMBERS = {"type": "namespace", "name": "crm", "tools": 3}
 
 
 def test_catalog_policy_reads_a_namespace_with_non_list_members():
-    from vllm_allowed_tools.guard import CatalogPolicy
+    from vllm_allowed_tools.response.guard import AllowedNames
 
-    policy = CatalogPolicy.from_request({"tools": [NON_LIST_MEMBERS, {
+    policy = AllowedNames.from_request({"tools": [NON_LIST_MEMBERS, {
         "type": "function", "name": "get_weather"}]}, "responses")
     assert policy.is_allowed("get_weather")
 

@@ -1,9 +1,9 @@
 """SSE framing exactly as the WHATWG spec says, and the guard over any framing and chunking.
 
 * Property: random event streams, encoded with random line endings (LF, CR, CRLF, mixed), fed to
-  :class:`~vllm_allowed_tools.sse.SSEFramer` in random chunkings (cuts between a CR and its LF
+  :class:`~vllm_allowed_tools.response.sse.SSEFramer` in random chunkings (cuts between a CR and its LF
   included) yield exactly the events of the unsplit stream, which are the events that were encoded.
-* The guard (:class:`~vllm_allowed_tools.guard.GuardedSSE`) over recorded vLLM streams re-framed
+* The guard (:class:`~vllm_allowed_tools.response.guard.GuardedSSE`) over recorded vLLM streams re-framed
   with CRLF / CR and cut between CR and LF: a disallowed call is caught, allowed streams pass byte
   for byte; data it cannot read ends the stream as a violation; a partial trailing event is not
   forwarded.
@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_allowed_tools import metrics
-from vllm_allowed_tools.guard import CatalogPolicy, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
-from vllm_allowed_tools.sse import SSEEvent, SSEFramer
+from vllm_allowed_tools.response.guard import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
+from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 
 DATA = Path(__file__).parent / "data" / "guard"
@@ -214,7 +214,7 @@ def test_a_disallowed_call_is_caught_when_cr_and_lf_cross_a_chunk_boundary(name,
     assert names and called_names(raw) == set(names)
     for bad in names:
         before = metrics.snapshot()["violations"].get("stream_guard", 0)
-        out, guarded = guard_chunks(chunks, api, CatalogPolicy([n for n in NAMES if n != bad]))
+        out, guarded = guard_chunks(chunks, api, AllowedNames([n for n in NAMES if n != bad]))
         assert guarded.terminal and guarded.violation is not None and guarded.violation.name == bad
         assert metrics.snapshot()["violations"].get("stream_guard", 0) == before + 1
         events = [SSEEvent(*e) for e in frame_all([out])[0]]
@@ -227,7 +227,7 @@ def test_a_disallowed_call_is_caught_when_cr_and_lf_cross_a_chunk_boundary(name,
             sent = [e.json() for e in events[:-1]]
             assert not any((e.get("item") or {}).get("name") == bad for e in sent)
     # allowed: byte for byte, CRs and all
-    out, guarded = guard_chunks(chunks, api, CatalogPolicy(NAMES))
+    out, guarded = guard_chunks(chunks, api, AllowedNames(NAMES))
     assert out == raw and not guarded.terminal
 
 
@@ -240,10 +240,10 @@ def test_the_guard_reads_every_framing_and_chunking(stream, endings, points, dat
     names = sorted(called_names(recorded(name)))
     chunks = cut(raw, points + data.draw(st.lists(st.sampled_from(cr_lf_cuts(raw) or [0]),
                                                   max_size=20)))
-    out, guarded = guard_chunks(chunks, api, CatalogPolicy(NAMES))
+    out, guarded = guard_chunks(chunks, api, AllowedNames(NAMES))
     assert out == raw and not guarded.terminal
     bad = data.draw(st.sampled_from(names))
-    out, guarded = guard_chunks(chunks, api, CatalogPolicy([n for n in NAMES if n != bad]))
+    out, guarded = guard_chunks(chunks, api, AllowedNames([n for n in NAMES if n != bad]))
     assert guarded.terminal and guarded.violation.name == bad
 
 
@@ -260,7 +260,7 @@ def test_a_call_whose_data_holds_a_unicode_line_separator_is_still_read():
         raw = SSEEvent.encode(_chat_chunk("evil", json.dumps({"x": f"a{separator}b"},
                                                             ensure_ascii=False)))
         raw = raw.replace(b"\\u2028", "\u2028".encode())
-        out, guarded = guard_chunks([raw, b"data: [DONE]\n\n"], "chat", CatalogPolicy(NAMES))
+        out, guarded = guard_chunks([raw, b"data: [DONE]\n\n"], "chat", AllowedNames(NAMES))
         assert guarded.terminal and guarded.violation.name == "evil"
         assert b"evil" not in out
 
@@ -269,7 +269,7 @@ def test_a_call_whose_data_holds_a_unicode_line_separator_is_still_read():
 def test_an_event_the_guard_cannot_read_ends_the_stream(data):
     before = metrics.snapshot()["violations"].get("unreadable", 0)
     raw = b"data: " + data + b"\n\n" + SSEEvent.encode(_chat_chunk("get_weather", "{}"))
-    out, guarded = guard_chunks([raw], "chat", CatalogPolicy(NAMES))
+    out, guarded = guard_chunks([raw], "chat", AllowedNames(NAMES))
     assert guarded.terminal and guarded.violation.source == "unreadable"
     assert metrics.snapshot()["violations"]["unreadable"] == before + 1
     events = [SSEEvent(*e) for e in frame_all([out])[0]]
@@ -278,7 +278,7 @@ def test_an_event_the_guard_cannot_read_ends_the_stream(data):
     assert b"data: " + data not in out and b"get_weather" not in out
     # Responses: one response.failed
     out, guarded = guard_chunks([b"event: x\ndata: " + data + b"\n\n"], "responses",
-                                CatalogPolicy(NAMES))
+                                AllowedNames(NAMES))
     assert guarded.terminal
     (event,) = [SSEEvent(*e) for e in frame_all([out])[0]]
     assert event.json()["type"] == "response.failed"
@@ -288,7 +288,7 @@ def test_an_event_the_guard_cannot_read_ends_the_stream(data):
 def test_events_without_data_pass_and_a_partial_trailing_event_is_not_forwarded():
     keepalive = b": ping\r\n\r\nevent: x\r\r"
     partial = SSEEvent.encode(_chat_chunk("evil", "{}"))[:-1]     # no closing empty line
-    out, guarded = guard_chunks([keepalive, partial], "chat", CatalogPolicy(NAMES))
+    out, guarded = guard_chunks([keepalive, partial], "chat", AllowedNames(NAMES))
     assert out == keepalive and not guarded.terminal
 
 
@@ -310,7 +310,7 @@ def _serve(status: int, headers: list[tuple[bytes, bytes]], bodies: list[bytes],
     got, whether the app was told to stop)."""
     from vllm_allowed_tools.vllm_glue.middleware import _GuardedSend, _Stop
 
-    policy = CatalogPolicy(tool.name for tool in POOL[:2]) if tools else None
+    policy = AllowedNames(tool.name for tool in POOL[:2]) if tools else None
     stop = _Stop()
     sent: list[dict[str, Any]] = []
 
@@ -425,7 +425,7 @@ def test_a_body_sent_past_the_guard_is_refused(content_type):
         sent.append(message)
 
     async def run():
-        send = _GuardedSend(client_send, "chat", CatalogPolicy(NAMES), (False, None), _Stop(), (2, 3))
+        send = _GuardedSend(client_send, "chat", AllowedNames(NAMES), (False, None), _Stop(), (2, 3))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", content_type)]})
         await send({"type": "http.response.pathsend", "path": "/etc/hostname"})

@@ -1,6 +1,6 @@
 """Our chat templates: cache-stable catalogs, a tail policy block, and call formats the grammar forces.
 
-Fast (no server, no vLLM import): templates are rendered with :mod:`vllm_allowed_tools.render` (the
+Fast (no server, no vLLM import): templates are rendered with :mod:`vllm_allowed_tools.devtools.render` (the
 environment HF and vLLM use) and tokenized with a tiny-model tokenizer built once per module.
 """
 
@@ -13,8 +13,8 @@ import random
 import jinja2
 import pytest
 
-from vllm_allowed_tools.policy import catalog_digest
-from vllm_allowed_tools.prefix import (
+from vllm_allowed_tools.request.allowlist import catalog_digest
+from vllm_allowed_tools.devtools.prefix import (
     POLICY_BLOCK_MARKERS,
     compare_policies,
     compare_texts,
@@ -23,10 +23,10 @@ from vllm_allowed_tools.prefix import (
     policy_block_offset,
     render_with_policy,
 )
-from vllm_allowed_tools.prefix import (
+from vllm_allowed_tools.devtools.prefix import (
     main as prefix_main,
 )
-from vllm_allowed_tools.render import load_template, render_chat
+from vllm_allowed_tools.devtools.render import load_template, render_chat
 from vllm_allowed_tools.templates import TEMPLATE_DIR
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
@@ -130,7 +130,7 @@ def concrete(policy, tools):
 # ----------------------------------------------------------------------------------------- tests
 
 def test_every_parser_has_its_own_bundled_template():
-    from vllm_allowed_tools.serve import TEMPLATE_FOR_PARSER, template_for_parser
+    from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, template_for_parser
     for parser, name in TEMPLATE_FOR_PARSER.items():
         assert (TEMPLATE_DIR / f"{name}.jinja").is_file(), parser
         assert template_for_parser(parser).stem == name

@@ -5,11 +5,11 @@ server. Loaded with `--tool-parser-plugin tests/plugins/faulty_parser.py`."""
 
 from vllm.tool_parsers import ToolParserManager
 
-from vllm_allowed_tools.vllm_glue.parsers import AllowedHermesToolParser, request_policy
+from vllm_allowed_tools.vllm_glue.parsers import AllowedHermesToolParser, request_allowlist
 
 
 def _forbidden(request) -> str:
-    policy = request_policy(request)
+    policy = request_allowlist(request)
     if policy is None:
         return "no_such_tool_anywhere"        # plain requests: a name outside the catalog
     return sorted(policy.catalog - policy.allowed)[0]

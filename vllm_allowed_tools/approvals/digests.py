@@ -3,7 +3,7 @@
 Both are ``"sha256:<64 hex>"`` strings (the algorithm is named on the wire so it can change later).
 
 * :func:`arguments_digest`: over the **canonical JSON** of the call's arguments
-  (:func:`vllm_allowed_tools.policy.canonical_json`: sorted keys, no whitespace), so formatting and
+  (:func:`vllm_allowed_tools.request.allowlist.canonical_json`: sorted keys, no whitespace), so formatting and
   key order do not matter but every value does (``1`` and ``1.0`` differ, as do ``"1"`` and ``1``).
   Arguments that are not one unambiguous JSON value (invalid JSON, duplicate keys, ``NaN`` /
   ``Infinity``) are digested over their exact text with a different prefix: such a call can still be
@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ..policy import FunctionSpec, ToolIdentity, canonical_json, function_digest, strict_json_loads
+from ..request.allowlist import FunctionSpec, ToolIdentity, canonical_json, function_digest, strict_json_loads
 
 __all__ = ["PREFIX", "arguments_digest", "canonical_arguments", "definition_digest"]
 

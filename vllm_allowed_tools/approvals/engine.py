@@ -17,7 +17,7 @@ Two steps, both free of vLLM:
     exist for this principal and session, match any binding fields the response repeats, satisfy its
     type's rules (``scope`` with ``accept``, and one of the offered scopes); the tool must still have
     the same definition in this request's catalog; and, when the caller passes this request's
-    ``turn`` (its :class:`~vllm_allowed_tools.policy.ToolPolicy`, or None for a request without
+    ``turn`` (its :class:`~vllm_allowed_tools.request.allowlist.TurnAllowlist`, or None for a request without
     tools), an ``accept`` must name a call this turn could have made: the request has tools, its
     ``tool_choice`` is not ``none``, and an allowlist (``allowed_tools``) or a named choice includes
     the tool; otherwise a 400 ``tool_not_allowed_this_turn`` (``param``: the response's
@@ -86,7 +86,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..policy import FunctionSpec, ToolIdentity, ToolPolicy
+from ..request.allowlist import FunctionSpec, ToolIdentity, TurnAllowlist
 from .digests import arguments_digest as compute_arguments_digest
 from .digests import definition_digest as compute_definition_digest
 from .errors import (
@@ -267,7 +267,7 @@ class Rejected:
 
 
 Outcome = Release | Decline | Replayed | Rejected
-Catalog = ToolPolicy | Mapping[ToolIdentity, str] | Iterable[FunctionSpec]
+Catalog = TurnAllowlist | Mapping[ToolIdentity, str] | Iterable[FunctionSpec]
 
 
 def _new_id(prefix: str) -> str:
@@ -277,7 +277,7 @@ def _new_id(prefix: str) -> str:
 def _catalog_digests(catalog: Catalog | None) -> Mapping[ToolIdentity, str] | None:
     if catalog is None:
         return None
-    if isinstance(catalog, ToolPolicy):
+    if isinstance(catalog, TurnAllowlist):
         catalog = catalog.catalog
     if isinstance(catalog, Mapping):
         return dict(catalog)
@@ -372,7 +372,7 @@ class ApprovalEngine:
     def resolve(self, response: ElicitationResponse | Mapping[str, Any], *, principal: str,
                 session: str | None = None, now: float | None = None,
                 catalog: Catalog | None = None, param: str = "item",
-                turn: ToolPolicy | None | Literal[False] = False,
+                turn: TurnAllowlist | None | Literal[False] = False,
                 history_calls: Collection[str] = ()) -> Outcome:
         """Apply one ``elicitation_response`` (see :meth:`resolve_all`; no sibling declines)."""
         _check_principal(principal)
@@ -384,7 +384,7 @@ class ApprovalEngine:
     def resolve_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                     session: str | None = None, now: float | None = None,
                     catalog: Catalog | None = None,
-                    turn: ToolPolicy | None | Literal[False] = False,
+                    turn: TurnAllowlist | None | Literal[False] = False,
                     history_calls: Collection[str] | None = None) -> list[Outcome]:
         """Apply every ``elicitation_response`` of a follow-up request, then decline unanswered
         siblings. ``items`` is the request's ``input`` list or its :func:`parse_input_items`.
@@ -440,7 +440,7 @@ class ApprovalEngine:
 
     def _check(self, response: ElicitationResponse | Mapping[str, Any], param: str, principal: str,
                session: str | None, catalog: Mapping[ToolIdentity, str] | None,
-               turn: ToolPolicy | None | Literal[False] = False,
+               turn: TurnAllowlist | None | Literal[False] = False,
                history_calls: Collection[str] = ()) -> _Checked:
         raw = response.to_json() if isinstance(response, ElicitationResponse) else response
         common = parse_elicitation_response(raw, param=param)
@@ -603,7 +603,7 @@ def _release_of(record: ElicitationRecord) -> Release:
                    grant_id=record.grant_id, elicitation_id=record.id)
 
 
-def _check_turn(record: ElicitationRecord, param: str, turn: ToolPolicy | None, *,
+def _check_turn(record: ElicitationRecord, param: str, turn: TurnAllowlist | None, *,
                 stale: bool = False) -> None:
     """Raise a 400 unless this request (``turn``) could have made the recorded call.
 

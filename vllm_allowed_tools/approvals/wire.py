@@ -56,7 +56,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..policy import ToolIdentity, ToolPolicy
+from ..request.allowlist import ToolIdentity, TurnAllowlist
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
 from .errors import ApprovalInputError
@@ -144,7 +144,7 @@ def strip_approval_hints(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: str,
-                    session: str | None, catalog: ToolPolicy | None) -> Prepared:
+                    session: str | None, catalog: TurnAllowlist | None) -> Prepared:
     """Apply the request's elicitation responses; raises ApprovalInputError (4xx) on bad items.
 
     ``catalog`` is this request's tool policy (None: the request has no tools): an ``accept`` is
@@ -217,7 +217,7 @@ def _with_id(release: Release) -> dict[str, Any]:
 class ResponseApprovals:
     """Decides, per response, which function calls go out and which become elicitations."""
 
-    def __init__(self, engine: ApprovalEngine, body: Mapping[str, Any], catalog: ToolPolicy, *,
+    def __init__(self, engine: ApprovalEngine, body: Mapping[str, Any], catalog: TurnAllowlist, *,
                  principal: str, session: str | None) -> None:
         self.engine = engine
         self.catalog = catalog

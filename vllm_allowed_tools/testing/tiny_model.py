@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..render import load_template, render_chat
+from ..devtools.render import load_template, render_chat
 from .tool_pool import POOL, PoolTool, sample_catalog
 
 FLAVOURS = ("random", "tool-happy")

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..constraint import STAGE_NATIVE, choose_stage, requested_stage
+from ..decode.constraint import STAGE_NATIVE, choose_stage, requested_stage
 from ..errors import CapabilityError
 from .plugin import PARSERS
 

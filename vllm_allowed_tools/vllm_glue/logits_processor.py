@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from ..constraint import (
+from ..decode.constraint import (
     CompiledGrammars,
     ConstraintArgsError,
     MaskedBatch,

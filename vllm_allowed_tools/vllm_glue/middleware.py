@@ -27,9 +27,9 @@ from typing import Any
 from ..approvals.errors import GrantStoreUnavailable
 from ..approvals.wire import ApprovalStream, WithoutGated
 from ..errors import AllowedToolsError
-from ..guard import (
+from ..response.guard import (
     AllowedToolsViolation,
-    CatalogPolicy,
+    AllowedNames,
     ChatStreamGuard,
     GuardedSSE,
     ResponsesStreamGuard,
@@ -39,8 +39,8 @@ from ..guard import (
     unreadable_violation,
 )
 from ..metrics import record_fallback, record_violation
-from ..rewrite import Api, filter_catalog, restore_echo, rewrite_request
-from ..sse import SSEEvent, SSEFramer
+from ..request.rewrite import Api, filter_catalog, restore_echo, rewrite_request
+from ..response.sse import SSEEvent, SSEFramer
 from .authentication import find_authentication
 from .routes import (
     RouteDecision,
@@ -464,7 +464,7 @@ class AllowedToolsMiddleware:
             session_of,
             strip_approval_hints,
         )
-        from ..policy import resolve_callable_catalog
+        from ..request.allowlist import resolve_callable_catalog
         check_hints(data, self.approvals.policy)   # a bad `approval` object: 400 before generation
         _refuse_gated_custom_tools(data, api, self.approvals)
         body = strip_approval_hints(rewritten.body)
@@ -508,7 +508,7 @@ def _output_policy(rewritten: Any, body: dict, api: Api) -> Any:
     if rewritten.policy is not None and rewritten.policy.has_allowlist:
         return rewritten.policy
     if body.get("tools"):
-        return CatalogPolicy.from_request(body, api)
+        return AllowedNames.from_request(body, api)
     return None
 
 
@@ -565,7 +565,7 @@ def _refuse_gated_custom_tools(body: dict, api: Api, engine: Any) -> None:
     """A ``custom`` tool the approval policy gates is refused before generation: its calls
     (``custom_tool_call``, free-form input) cannot be elicited and released yet, and serving them
     unasked would skip the approval. Ungated custom tools are served as before."""
-    from ..policy import ToolIdentity
+    from ..request.allowlist import ToolIdentity
     for param, kind, namespace, name in request_tools(body, api):
         if kind == "custom" and engine.policy.effective(ToolIdentity(namespace, name)).required:
             raise AllowedToolsError(

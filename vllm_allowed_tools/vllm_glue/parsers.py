@@ -47,9 +47,9 @@ from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
 
-from ..constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
+from ..decode.constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
 from ..errors import CapabilityError
-from ..grammar import (
+from ..decode.grammar import (
     WIRE_FORMATS,
     AllowedFunction,
     BuiltTag,
@@ -59,7 +59,7 @@ from ..grammar import (
     turn_tag,
 )
 from ..metrics import record_violation
-from ..rewrite import POLICY_KEY, WirePolicy
+from ..request.rewrite import POLICY_KEY, WireAllowlist
 from .capabilities import active_constraint_stage
 from .plugin import PARSERS
 
@@ -102,13 +102,13 @@ def call_start(text: str, triggers: Sequence[str]) -> int | None:
     return len(text) - max(pieces) if pieces else None
 
 
-def request_policy(request: Any) -> WirePolicy | None:
+def request_allowlist(request: Any) -> WireAllowlist | None:
     """The turn's policy, as the middleware attached it (None: a plain request)."""
     extra = getattr(request, "model_extra", None) or {}
-    return WirePolicy.from_wire(extra.get(POLICY_KEY))
+    return WireAllowlist.from_wire(extra.get(POLICY_KEY))
 
 
-def _allowed_tool_choice(policy: WirePolicy):
+def _allowed_tool_choice(policy: WireAllowlist):
     from openai.types.responses import ToolChoiceAllowed
     return ToolChoiceAllowed(type="allowed_tools", mode=policy.mode,
                              tools=[{"type": "function", "name": name} for name in sorted(policy.allowed)])
@@ -119,7 +119,7 @@ def _tool_name(tool: Any) -> str | None:
     return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
 
 
-def _narrowed(request, policy: WirePolicy):
+def _narrowed(request, policy: WireAllowlist):
     """A deep copy of `request` whose tools are only the allowed ones (namespaces flattened)."""
     allowed = [tool for tool in _function_tools(request) if _tool_name(tool) in policy.allowed]
     return request.model_copy(update={"tools": allowed}, deep=True)
@@ -133,7 +133,7 @@ class AllowedToolsMixin:
     # ---------------------------------------------------------------- grammar
     def get_structural_tag(self, request, *, reasoning: bool = False,
                            strict_level: ToolStrictLevel = ToolStrictLevel.AUTO):
-        policy = request_policy(request)
+        policy = request_allowlist(request)
         if policy is None:
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
         if self.structural_tag_model is None:
@@ -150,7 +150,7 @@ class AllowedToolsMixin:
         return _cap_whitespace(tag) if tag is not None else None
 
     def adjust_request(self, request):
-        policy = request_policy(request)
+        policy = request_allowlist(request)
         if policy is None:
             return super().adjust_request(request)
         # The base parser, run on a copy that holds only the allowed tools, gives its own grammar
@@ -169,7 +169,7 @@ class AllowedToolsMixin:
             _hand_grammar_to_logits_processor(request)
         return request
 
-    def _ensure_structural_tag(self, request, policy: WirePolicy):
+    def _ensure_structural_tag(self, request, policy: WireAllowlist):
         from vllm import envs
         if not envs.VLLM_ENFORCE_STRICT_TOOL_CALLING:
             raise CapabilityError(
@@ -202,11 +202,11 @@ class AllowedToolsMixin:
     def _call_triggers(self) -> tuple[str, ...]:
         return CALL_TRIGGERS.get(self.allowed_tools_base_parser, ())
 
-    def _all_call(self, policy: WirePolicy) -> bool:
+    def _all_call(self, policy: WireAllowlist) -> bool:
         """The whole output is call (required mode of a bare-JSON-array format)."""
         return policy.mode == "required" and self.allowed_tools_base_parser in _ARRAY_REQUIRED
 
-    def _text_before_calls(self, content: str | None, raw: str, policy: WirePolicy) -> str | None:
+    def _text_before_calls(self, content: str | None, raw: str, policy: WireAllowlist) -> str | None:
         """The ``content`` the base parser made of ``raw``, without anything from the first call
         start in ``raw`` on: only what both say comes before it (base parsers may drop a marker
         token and hand the rest of a cut-off call out as text). None when nothing is left."""
@@ -218,7 +218,7 @@ class AllowedToolsMixin:
         return content if content.strip() else None
 
     def _parse_without_markup(self, model_output: str, request,
-                              policy: WirePolicy) -> ExtractedToolCallInformation:
+                              policy: WireAllowlist) -> ExtractedToolCallInformation:
         """The base parse with no call markup in its text. When no call parsed but one started (a
         call cut off by the token limit), the calls before the last start are parsed on their own,
         so complete calls survive a cut-off one after them.
@@ -246,7 +246,7 @@ class AllowedToolsMixin:
                                             content=content)
 
     def _stream_text(self, delta: DeltaMessage | None, current_text: str,
-                     policy: WirePolicy) -> DeltaMessage | None:
+                     policy: WireAllowlist) -> DeltaMessage | None:
         """Streaming twin of :meth:`_text_before_calls`: the content the base parser releases is
         forwarded only while it comes before the first call start in the text so far (a trailing
         piece of a trigger waits for more text)."""
@@ -270,7 +270,7 @@ class AllowedToolsMixin:
 
     # ---------------------------------------------------------------- output filtering
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
-        policy = request_policy(request)
+        policy = request_allowlist(request)
         if policy is None:
             return super().extract_tool_calls(model_output, request)
         info = self._parse_without_markup(model_output, request, policy)
@@ -293,7 +293,7 @@ class AllowedToolsMixin:
         delta = super().extract_tool_calls_streaming(previous_text, current_text, delta_text,
                                                      previous_token_ids, current_token_ids,
                                                      delta_token_ids, request)
-        policy = request_policy(request)
+        policy = request_allowlist(request)
         if policy is None:
             return delta
         self.__dict__["_allowed_tools_last"] = (policy, current_text)
@@ -312,7 +312,7 @@ class AllowedToolsMixin:
         policy, current_text = last
         return self._filter_stream(delta, current_text, policy, final=True)
 
-    def _filter_stream(self, delta: DeltaMessage | None, current_text: str, policy: WirePolicy,
+    def _filter_stream(self, delta: DeltaMessage | None, current_text: str, policy: WireAllowlist,
                        final: bool = False) -> DeltaMessage | None:
         delta = self._stream_text(delta, current_text, policy)
         if delta is None or not delta.tool_calls:
@@ -351,7 +351,7 @@ def _function_tools(request) -> list[Any]:
         return tools
 
 
-def _allowed_functions(request, policy: WirePolicy) -> list[AllowedFunction]:
+def _allowed_functions(request, policy: WireAllowlist) -> list[AllowedFunction]:
     """The allowed functions in catalog order."""
     functions = []
     for tool in _function_tools(request):
@@ -362,7 +362,7 @@ def _allowed_functions(request, policy: WirePolicy) -> list[AllowedFunction]:
     return functions
 
 
-def _allowed_subset_tag(wire_format: str, request, policy: WirePolicy, strict_level) -> BuiltTag | None:
+def _allowed_subset_tag(wire_format: str, request, policy: WireAllowlist, strict_level) -> BuiltTag | None:
     """The cached tag for this turn (see grammar.turn_tag)."""
     return turn_tag(wire_format, _allowed_functions(request, policy),
                     catalog_digest=policy.catalog_digest, allowlist_digest=policy.allowlist_digest,

@@ -34,7 +34,7 @@ the error; :meth:`Dispatcher.dispatch` raises the error.
 
 Decisions taken where the contract is silent:
 
-* The policy comes from :func:`~vllm_allowed_tools.policy.resolve_policy` on the **same request
+* The policy comes from :func:`~vllm_allowed_tools.request.allowlist.resolve_allowlist` on the **same request
   body** the application sent to the server (:meth:`TurnContext.from_request`), so the application
   and the server agree on catalog, identities and allowed set. A body without tools allows nothing;
   ``tool_choice: "none"`` allows nothing; plain ``auto`` / ``required`` allow the whole catalog (no
@@ -73,8 +73,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkab
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from .policy import (NAMESPACE_SEPARATOR, Api, FunctionSpec, NotStrictJSON, ToolIdentity, ToolPolicy,
-                     resolve_policy, strict_json_loads)
+from ..request.allowlist import (NAMESPACE_SEPARATOR, Api, FunctionSpec, NotStrictJSON, ToolIdentity, TurnAllowlist,
+                     resolve_allowlist, strict_json_loads)
 
 __all__ = [
     "AuthorizationDecision",
@@ -150,13 +150,13 @@ class TurnContext:
     ``tenant`` and ``session`` scope idempotency keys and grants; ``subject`` is the authenticated
     caller the authorization hook and the grant checker judge (take it from your own auth layer,
     never from anything the model or the client body says). ``policy`` is what
-    :func:`resolve_policy` made of the request body sent to the server (None: no tools at all).
+    :func:`resolve_allowlist` made of the request body sent to the server (None: no tools at all).
     """
 
     tenant: str
     session: str
     subject: str
-    policy: ToolPolicy | None
+    policy: TurnAllowlist | None
     turn_id: str | None = None
 
     def __post_init__(self) -> None:
@@ -165,8 +165,8 @@ class TurnContext:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"TurnContext.{name} must be a non-empty string, got {value!r}: "
                                  "a policy must be bound to a tenant, a session and a caller")
-        if self.policy is not None and not isinstance(self.policy, ToolPolicy):
-            raise TypeError(f"TurnContext.policy must be a ToolPolicy or None, got "
+        if self.policy is not None and not isinstance(self.policy, TurnAllowlist):
+            raise TypeError(f"TurnContext.policy must be a TurnAllowlist or None, got "
                             f"{type(self.policy).__name__}")
 
     @classmethod
@@ -177,7 +177,7 @@ class TurnContext:
         context. Raises :class:`~vllm_allowed_tools.errors.InvalidSelectionError` for a selection
         the server would reject with a 400 too."""
         return cls(tenant=tenant, session=session, subject=subject,
-                   policy=resolve_policy(body, api), turn_id=turn_id)
+                   policy=resolve_allowlist(body, api), turn_id=turn_id)
 
     @property
     def scope(self) -> tuple[str, str]:

@@ -14,8 +14,8 @@ import signal
 import sys
 from pathlib import Path
 
-from .serve import DEFAULT_PARSER, ServeError, start_server
-from .testing.tiny_model import FLAVOURS, TinyModelError, ensure_model, validate_model_dir
+from ..testing.server import DEFAULT_PARSER, ServeError, start_server
+from ..testing.tiny_model import FLAVOURS, TinyModelError, ensure_model, validate_model_dir
 
 
 def _log(message: str) -> None:
@@ -72,7 +72,7 @@ def cmd_serve_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:
-    from .testing.tiny_model import build
+    from ..testing.tiny_model import build
     build(args.out, args.flavour, args.seed, args.steps, log=_log)
     print(args.out)
     return 0

@@ -47,7 +47,7 @@ def requested_stage(environ: Mapping[str, str] | None = None) -> str:
     if not value:
         return STAGE_AUTO
     if value not in STAGES:
-        from .errors import CapabilityError
+        from ..errors import CapabilityError
         raise CapabilityError(f"{STAGE_ENV}={value!r} is not a constraint stage; set one of "
                               f"{', '.join(STAGES)} or unset it", capability="config", status=500)
     return value
@@ -63,7 +63,7 @@ def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, o
     everywhere else (GPUs: not measured here; the native path also works with speculative decoding
     and Model Runner V2). ``logits_processor_blocked`` says why vLLM would not run the processor
     (None: it would). Raises CapabilityError when the choice cannot enforce the allowlist."""
-    from .errors import CapabilityError
+    from ..errors import CapabilityError
     if requested == STAGE_LOGITS_PROCESSOR or (requested == STAGE_AUTO and not backend_compiles_tags):
         if logits_processor_blocked is None:
             return STAGE_LOGITS_PROCESSOR

@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from .constraint import XARGS_KEYS
-from .policy import ToolPolicy, resolve_policy
+from ..decode.constraint import XARGS_KEYS
+from .allowlist import TurnAllowlist, resolve_allowlist
 from .typed_fields import normalise_fields
 
 Api = Literal["responses", "chat"]
@@ -32,7 +32,7 @@ TEMPLATE_KWARG = "allowed_tools_policy"
 WIRE_VERSION = 1
 
 
-def policy_to_wire(policy: ToolPolicy) -> dict[str, Any]:
+def allowlist_to_wire(policy: TurnAllowlist) -> dict[str, Any]:
     """The policy as plain JSON, small enough to ride on every request."""
     return {
         "v": WIRE_VERSION,
@@ -48,7 +48,7 @@ def policy_to_wire(policy: ToolPolicy) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class WirePolicy:
+class WireAllowlist:
     """What the vLLM-side code (parsers, guard) needs to know about a turn's policy."""
     mode: str
     allowed: frozenset[str]
@@ -58,7 +58,7 @@ class WirePolicy:
     allowlist_digest: str
 
     @classmethod
-    def from_wire(cls, data: Any) -> "WirePolicy | None":
+    def from_wire(cls, data: Any) -> "WireAllowlist | None":
         if not isinstance(data, Mapping) or data.get("v") != WIRE_VERSION:
             return None
         return cls(mode=str(data["mode"]), allowed=frozenset(data["allowed"]),
@@ -74,7 +74,7 @@ class WirePolicy:
 @dataclass(frozen=True)
 class Rewritten:
     body: dict[str, Any]
-    policy: ToolPolicy | None
+    policy: TurnAllowlist | None
     original_tool_choice: Any
     changed: bool
     request: dict[str, Any]   # the client's body with its typed fields read as vLLM reads them
@@ -96,12 +96,12 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     if isinstance(xargs, Mapping) and any(key in xargs for key in XARGS_KEYS):
         new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in XARGS_KEYS}
         changed = True
-    policy = resolve_policy(new, api)
+    policy = resolve_allowlist(new, api)
     original = body.get("tool_choice")
     if policy is None or not policy.has_allowlist:
         return Rewritten(new, policy, original, changed, request)
     new["tool_choice"] = policy.internal_tool_choice()
-    new[POLICY_KEY] = policy_to_wire(policy)
+    new[POLICY_KEY] = allowlist_to_wire(policy)
     template_kwargs = dict(new.get("chat_template_kwargs") or {})
     template_kwargs[TEMPLATE_KWARG] = {"mode": policy.mode,
                                        "names": sorted(policy.allowed_flat_names)}
@@ -109,7 +109,7 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     return Rewritten(new, policy, original, True, request)
 
 
-def filter_catalog(body: dict[str, Any], policy: ToolPolicy) -> dict[str, Any]:
+def filter_catalog(body: dict[str, Any], policy: TurnAllowlist) -> dict[str, Any]:
     """The compatibility fallback: keep only the allowed function tools (and namespace members) in
     ``tools``; other tool types are left as they are. Opt-in only: it changes the prompt whenever
     the subset changes, which is exactly what the tail policy block exists to avoid."""

@@ -1,4 +1,4 @@
-"""One resolver for both APIs: request ``tools`` + ``tool_choice`` -> :class:`ToolPolicy` or a 400.
+"""One resolver for both APIs: request ``tools`` + ``tool_choice`` -> :class:`TurnAllowlist` or a 400.
 
 The policy keeps the two things the contract insists on keeping apart:
 
@@ -14,7 +14,7 @@ problem with an ``allowed_tools`` selection fails closed here, before dispatch, 
 :class:`~vllm_allowed_tools.errors.InvalidSelectionError`; nothing is ever widened to the catalog.
 
 Plain choices (``none``, ``auto``, ``required``, a named function) are vanilla vLLM's business: for
-them :func:`resolve_policy` only *describes* the request and never raises; vanilla vLLM validates
+them :func:`resolve_allowlist` only *describes* the request and never raises; vanilla vLLM validates
 them exactly as it always did. Decisions taken where the contract is silent:
 
 * Identities are ``(namespace, name)``. A flat name is never split on ``__`` to recover one (real
@@ -28,7 +28,7 @@ them exactly as it always did. Decisions taken where the contract is silent:
   ``duplicate_tool``, different identities are ``ambiguous_name``.
 * A named choice (``{"type": "function", ...}``) that resolves gives ``choice="named"`` with
   ``allowed={identity}``. One that does not resolve (unknown, ambiguous, malformed) makes
-  :func:`resolve_policy` return ``None`` so that vanilla vLLM answers with its own error, unchanged
+  :func:`resolve_allowlist` return ``None`` so that vanilla vLLM answers with its own error, unchanged
   ("named behaves exactly as in vanilla vLLM"). Hosted/custom/MCP choices likewise return ``None``.
 * ``mode`` is required in ``allowed_tools`` (OpenAI's types require it; OpenResponses makes it
   optional, but guessing ``auto`` for a client that meant ``required`` would change the contract);
@@ -59,13 +59,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
-from .errors import (
+from ..errors import (
     CODE_INVALID_ALLOWED_TOOLS,
     CODE_INVALID_PARALLEL_TOOL_CALLS,
     CODE_INVALID_TOOLS,
     InvalidSelectionError,
 )
-from .metrics import record_invalid_selection
+from ..metrics import record_invalid_selection
 
 __all__ = [
     "NAMESPACE_SEPARATOR",
@@ -74,10 +74,10 @@ __all__ = [
     "FunctionSpec",
     "Mode",
     "ToolIdentity",
-    "ToolPolicy",
+    "TurnAllowlist",
     "canonical_json",
     "catalog_digest",
-    "resolve_policy",
+    "resolve_allowlist",
 ]
 
 Api = Literal["responses", "chat"]
@@ -231,7 +231,7 @@ def _spec_sort_key(spec: FunctionSpec) -> tuple[tuple[str, bool, str, str], str]
 
 
 @dataclass(frozen=True)
-class ToolPolicy:
+class TurnAllowlist:
     """Catalog + allowlist of one request; immutable, cheap to hash into caches by its digests.
 
     ``allowed`` is None for plain choices (no allowlist), a single identity for ``named``, and
@@ -268,7 +268,7 @@ class ToolPolicy:
     @classmethod
     def build(cls, *, api: Api, catalog: Sequence[FunctionSpec], choice: Choice, mode: Mode | None,
               allowed: frozenset[ToolIdentity] | None, parallel_tool_calls: bool = True,
-              original_tool_choice: Any = None) -> ToolPolicy:
+              original_tool_choice: Any = None) -> TurnAllowlist:
         """A policy with canonical catalog order and both digests computed (for tests and glue)."""
         ordered = tuple(sorted(catalog, key=_spec_sort_key))
         return cls(api=api, catalog=ordered, choice=choice, mode=mode, allowed=allowed,
@@ -811,7 +811,7 @@ def _unknown_message(name: str, namespace: str | None, param: str, resolver: _Re
     return message + " Add it to `tools` or remove it from the selection."
 
 
-def _resolve_allowed(body: Mapping[str, Any], api: Api, choice: Mapping[str, Any]) -> ToolPolicy:
+def _resolve_allowed(body: Mapping[str, Any], api: Api, choice: Mapping[str, Any]) -> TurnAllowlist:
     container, prefix = _selection_container(choice, api)
     mode = _selection_mode(container, prefix)
     entries = _selection_entries(container, prefix)
@@ -877,14 +877,14 @@ def _copy_json(value: Any) -> Any:
 
 
 def _policy(api: Api, catalog: _Catalog, choice: Choice, mode: Mode | None,
-            allowed: frozenset[ToolIdentity] | None, parallel: bool, original: Any) -> ToolPolicy:
-    return ToolPolicy(api=api, catalog=catalog.specs, choice=choice, mode=mode, allowed=allowed,
+            allowed: frozenset[ToolIdentity] | None, parallel: bool, original: Any) -> TurnAllowlist:
+    return TurnAllowlist(api=api, catalog=catalog.specs, choice=choice, mode=mode, allowed=allowed,
                       parallel_tool_calls=parallel, catalog_digest=catalog.digest,
                       allowlist_digest=allowlist_digest(choice, mode, allowed, parallel),
                       original_tool_choice=original, _by_flat=catalog.by_flat)
 
 
-def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> ToolPolicy | None:
+def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> TurnAllowlist | None:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         # never "not ours, no policy": vLLM may still read it (see typed_fields)
@@ -926,7 +926,7 @@ def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> ToolP
 # entry points
 
 
-def resolve_policy(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
+def resolve_allowlist(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None:
     """Resolve a request body (``/v1/responses`` or ``/v1/chat/completions`` JSON) to its policy.
 
     Returns None when there is nothing to do: no tools and no tool_choice, or a plain request
@@ -943,7 +943,7 @@ def resolve_policy(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
         raise
 
 
-def _resolve(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
+def _resolve(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None:
     tool_choice = body.get("tool_choice")
     tools = body.get("tools")
     if tool_choice is None and not tools:
@@ -953,12 +953,12 @@ def _resolve(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
     return _resolve_plain(body, api, tool_choice)
 
 
-def resolve_callable_catalog(body: Mapping[str, Any], api: Api) -> ToolPolicy | None:
+def resolve_callable_catalog(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None:
     """What this turn may call, for code that must never read "unresolved" as "nothing to check"
     (the approvals): the resolved policy, or, for a choice this module leaves to vLLM (hosted,
     custom, an unresolvable name), the whole function catalog in ``auto`` mode. None only without
     tools."""
-    policy = resolve_policy(body, api)
+    policy = resolve_allowlist(body, api)
     if policy is not None or not body.get("tools"):
         return policy
     catalog = _parse_catalog(body["tools"], api)
@@ -968,7 +968,7 @@ def resolve_callable_catalog(body: Mapping[str, Any], api: Api) -> ToolPolicy | 
 
 
 def catalog_digest(tools: Sequence[Mapping[str, Any]], api: Api) -> str:
-    """Digest of the function catalog of ``tools`` (same as ``ToolPolicy.catalog_digest``).
+    """Digest of the function catalog of ``tools`` (same as ``TurnAllowlist.catalog_digest``).
 
     Permissive: entries vanilla vLLM would reject are skipped rather than raised on. Independent of
     tool order, JSON key order and ``strict``; changes with any name, description or parameters.

@@ -17,7 +17,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from .errors import AllowedToolsError
+from ..errors import AllowedToolsError
 
 __all__ = ["CODE_INVALID_FIELD", "normalise_fields"]
 

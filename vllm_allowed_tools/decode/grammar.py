@@ -253,12 +253,12 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
                           max_whitespace: int | None = None) -> BuiltTag | None:
     """The grammar for a request body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``,
     for callers without our server (vLLM's offline ``LLM``): pass the result through
-    :func:`vllm_allowed_tools.constraint.constraint_extra_args` into ``SamplingParams.extra_args``.
+    :func:`vllm_allowed_tools.decode.constraint.constraint_extra_args` into ``SamplingParams.extra_args``.
 
     Raises InvalidSelectionError (naming the field) exactly as the server's 400 would; None when the
     body selects no allowlist (plain choices are vLLM's own business)."""
-    from .policy import resolve_policy
-    policy = resolve_policy(body, api)
+    from ..request.allowlist import resolve_allowlist
+    policy = resolve_allowlist(body, api)
     if policy is None or not policy.has_allowlist or policy.mode is None:
         return None
     functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict)

@@ -11,19 +11,19 @@ Identity
     output back to ``(namespace, name)``; we flatten again, never split on ``__``). That is the
     identity the request side resolved (``policy.py``), so both sides agree, namespaces included.
 
-Policy (:class:`CallPolicy`)
+Policy (:class:`CallFilter`)
     Anything with ``is_allowed(flat_name: str | None) -> bool``:
 
-    * an ``allowed_tools`` request: :class:`~vllm_allowed_tools.rewrite.WirePolicy` or
-      :class:`~vllm_allowed_tools.policy.ToolPolicy` (only the allowlist is callable);
-    * a plain request with tools: :class:`CatalogPolicy` (``CatalogPolicy.from_request(body, api)``):
+    * an ``allowed_tools`` request: :class:`~vllm_allowed_tools.request.rewrite.WireAllowlist` or
+      :class:`~vllm_allowed_tools.request.allowlist.TurnAllowlist` (only the allowlist is callable);
+    * a plain request with tools: :class:`AllowedNames` (``AllowedNames.from_request(body, api)``):
       every catalog function is callable, a name outside the catalog is a violation in every mode,
       plain ``auto`` included; the request's own ``custom`` tools may be called.
 
     Responses ``custom_tool_call`` items are checked with the optional ``is_custom_allowed(name)``;
     a policy without that method (every allowlist policy: ``allowed_tools`` selects functions only)
-    refuses them. Do not pass a plain request's ``ToolPolicy``: for ``tool_choice: "none"`` it
-    refuses every name, and it does not know the request's custom tools; use ``CatalogPolicy``.
+    refuses them. Do not pass a plain request's ``TurnAllowlist``: for ``tool_choice: "none"`` it
+    refuses every name, and it does not know the request's custom tools; use ``AllowedNames``.
 
 Unary (source ``unary_guard``)
     :func:`check_chat_completion` / :func:`check_responses_object` raise
@@ -97,15 +97,15 @@ import copy
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import AllowedToolsError
-from .metrics import record_violation
+from ..errors import AllowedToolsError
+from ..metrics import record_violation
 from .sse import SSEEvent, SSEFramer
 
 __all__ = [
     "CODE_VIOLATION",
     "AllowedToolsViolation",
-    "CallPolicy",
-    "CatalogPolicy",
+    "CallFilter",
+    "AllowedNames",
     "ChatStreamGuard",
     "GuardedSSE",
     "ResponsesStreamGuard",
@@ -127,8 +127,8 @@ SOURCE_UNREADABLE = "unreadable"   # metrics source of a response the guard coul
 
 
 @runtime_checkable
-class CallPolicy(Protocol):
-    """What the guard needs from a policy. WirePolicy, ToolPolicy and CatalogPolicy satisfy it."""
+class CallFilter(Protocol):
+    """What the guard needs from a policy. WireAllowlist, TurnAllowlist and AllowedNames satisfy it."""
 
     def is_allowed(self, flat_name: str | None) -> bool: ...
 
@@ -156,7 +156,7 @@ def request_tools(body: Mapping[str, Any], api: str) -> Iterator[tuple[str, str,
                     yield f"{param}.tools[{j}]", member_kind, tool["name"], member["name"]
 
 
-class CatalogPolicy:
+class AllowedNames:
     """"Catalog only": every catalog function (flat name) may be called, anything else may not.
 
     For plain requests (``auto`` / ``required`` / named without ``allowed_tools``): the guard still
@@ -177,7 +177,7 @@ class CatalogPolicy:
         return name is not None and name in self.custom_names
 
     @classmethod
-    def from_request(cls, body: Mapping[str, Any], api: str) -> CatalogPolicy:
+    def from_request(cls, body: Mapping[str, Any], api: str) -> AllowedNames:
         """The catalog of a request body (``api``: ``"chat"`` or ``"responses"``); permissive:
         entries it cannot read are skipped (vLLM rejects malformed tools itself)."""
         names: list[str] = []
@@ -187,7 +187,7 @@ class CatalogPolicy:
         return cls(names, custom)
 
     def __repr__(self) -> str:
-        return f"CatalogPolicy({sorted(self.catalog)!r}, custom={sorted(self.custom_names)!r})"
+        return f"AllowedNames({sorted(self.catalog)!r}, custom={sorted(self.custom_names)!r})"
 
 
 class AllowedToolsViolation(AllowedToolsError):
@@ -287,7 +287,7 @@ def _responses_violation(body: Any, policy: Any, source: str, *,
     return None
 
 
-def check_responses_object(body: Mapping[str, Any], policy: CallPolicy, *,
+def check_responses_object(body: Mapping[str, Any], policy: CallFilter, *,
                            source: str = "unary_guard") -> None:
     """Raise :class:`AllowedToolsViolation` if a Responses object's ``output`` holds a refused call
     (``function_call`` by flat name; ``custom_tool_call`` per ``is_custom_allowed``)."""
@@ -307,7 +307,7 @@ def _chat_call_identity(call: Any) -> tuple[str, str | None]:
     return "function", flat_name(fn.get("name")) if isinstance(fn, Mapping) else None
 
 
-def check_chat_completion(body: Mapping[str, Any], policy: CallPolicy, *,
+def check_chat_completion(body: Mapping[str, Any], policy: CallFilter, *,
                           source: str = "unary_guard") -> None:
     """Raise :class:`AllowedToolsViolation` if any ``choices[].message`` calls a refused tool
     (``tool_calls[].function.name``, and the legacy ``function_call.name``)."""
@@ -372,7 +372,7 @@ def _index_key(index: Any) -> tuple[bool, int]:
 class ResponsesStreamGuard:
     """Guard a Responses event stream (see the module docstring for the exact semantics)."""
 
-    def __init__(self, policy: CallPolicy, *, source: str = "stream_guard") -> None:
+    def __init__(self, policy: CallFilter, *, source: str = "stream_guard") -> None:
         self.policy = policy
         self.source = source
         self.terminal = False
@@ -585,7 +585,7 @@ class _ChatCall:
 class ChatStreamGuard:
     """Guard a Chat Completions chunk stream (see the module docstring for the exact semantics)."""
 
-    def __init__(self, policy: CallPolicy, *, source: str = "stream_guard") -> None:
+    def __init__(self, policy: CallFilter, *, source: str = "stream_guard") -> None:
         self.policy = policy
         self.source = source
         self.terminal = False
@@ -719,7 +719,7 @@ class GuardedSSE:
     violation sends the error chunk followed by ``data: [DONE]``; upstream's ``[DONE]`` first gives
     the guard the end of the stream (``finish``), then passes.
 
-    Framing is the SSE spec's (:mod:`~vllm_allowed_tools.sse`: CRLF, LF and CR line ends, in any
+    Framing is the SSE spec's (:mod:`~vllm_allowed_tools.response.sse`: CRLF, LF and CR line ends, in any
     chunking), so the guard reads exactly the events a client will dispatch. Events without data
     (comments, keep-alives, a bare ``event:``) pass at once: a client dispatches nothing for them.
     An event whose data is neither ``[DONE]`` nor a JSON object cannot be read, so it might hide a

@@ -6,14 +6,14 @@ Responses shape), one of our chat templates, a tokenizer (a tiny-model folder or
 tokenizes them, and reports the token-level longest common prefix (LCP), where it ends (token index
 and character offset) and where each prompt's policy block starts::
 
-    python -m vllm_allowed_tools.prefix transcript.json --model-dir DIR --template hermes \\
+    python -m vllm_allowed_tools.devtools.prefix transcript.json --model-dir DIR --template hermes \\
         --a get_weather,list_files --b send_email --mode-a auto --mode-b required [--json]
 
 ``--a ""`` (or ``--b ""``) renders a plain request, without a policy block. With our templates the
 LCP always reaches the policy block: changing the subset (or the mode) changes no token before it.
 The exit status is 0 when it does, 1 when it does not, 2 on bad input.
 
-No vLLM import: rendering goes through :mod:`vllm_allowed_tools.render` and tokenization through the
+No vLLM import: rendering goes through :mod:`vllm_allowed_tools.devtools.render` and tokenization through the
 ``tokenizers`` library (``add_special_tokens=False``, as vLLM tokenizes a rendered chat prompt).
 Before rendering, messages get the one normalization vLLM applies to every template's input: assistant
 ``tool_calls[].function.arguments`` given as JSON text become objects (invalid or non-object JSON
@@ -263,7 +263,7 @@ def _policy(names: str, mode: str, catalog: set[str]) -> dict[str, Any] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.prefix",
+    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.devtools.prefix",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("transcript", type=Path, help='JSON file: {"messages": [...], "tools": [...]}')
     source = parser.add_mutually_exclusive_group(required=True)

