@@ -73,7 +73,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkab
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from ..request.allowlist import (NAMESPACE_SEPARATOR, Api, FunctionSpec, NotStrictJSON, ToolIdentity, TurnAllowlist,
+from ..request.identity import flat_name
+from ..request.allowlist import (Api, FunctionSpec, NotStrictJSON, ToolIdentity, TurnAllowlist,
                      resolve_allowlist, strict_json_loads)
 
 __all__ = [
@@ -245,9 +246,7 @@ class ToolCall:
 
     @property
     def flat_name(self) -> str:
-        if self.namespace is None:
-            return self.name
-        return f"{self.namespace}{NAMESPACE_SEPARATOR}{self.name}"
+        return flat_name(self.name, self.namespace) or self.name
 
     @classmethod
     def from_any(cls, call: Any) -> ToolCall:

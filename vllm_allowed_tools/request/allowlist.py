@@ -66,6 +66,7 @@ from ..errors import (
     InvalidSelectionError,
 )
 from ..metrics import record_invalid_selection
+from .identity import NAMESPACE_SEPARATOR, flat_name
 
 __all__ = [
     "NAMESPACE_SEPARATOR",
@@ -85,7 +86,6 @@ Choice = Literal["none", "auto", "required", "named", "allowed"]
 Mode = Literal["auto", "required"]
 
 #: What vLLM 0.32+ puts between a namespace and a member name (``flat_namespace_tool_name``).
-NAMESPACE_SEPARATOR = "__"
 
 _MODES = ("auto", "required")
 _PLAIN_CHOICES = ("none", "auto", "required")
@@ -149,9 +149,7 @@ class ToolIdentity:
     @property
     def flat_name(self) -> str:
         """The name the model sees and emits (vLLM flattens namespace members with ``__``)."""
-        if self.namespace is None:
-            return self.name
-        return f"{self.namespace}{NAMESPACE_SEPARATOR}{self.name}"
+        return flat_name(self.name, self.namespace) or self.name
 
     def sort_key(self) -> tuple[str, bool, str, str]:
         return (self.flat_name, self.namespace is not None, self.namespace or "", self.name)
@@ -473,7 +471,7 @@ class _CatalogParser:
                     name = member.get("name")
                     if _is_name(name):  # e.g. a custom member; vLLM does not render it
                         self.other_tools.setdefault(
-                            f"{namespace}{NAMESPACE_SEPARATOR}{name}", member_type)
+                            flat_name(name, namespace), member_type)
                 else:
                     self.fail(f"{member_param}.type",
                               f"{member_param}.type must be a string such as \"function\", "
@@ -799,12 +797,12 @@ def _unknown_message(name: str, namespace: str | None, param: str, resolver: _Re
     message = (f"{param} {what} is not a function in `tools`; the function tools are: "
                f"{_names_list(known)}.")
     other_type = catalog.other_tools.get(name if namespace is None
-                                         else f"{namespace}{NAMESPACE_SEPARATOR}{name}")
+                                         else flat_name(name, namespace))
     if other_type is not None:
         message += (f" {_quote(name)} is a {other_type!s} tool, and only function tools can be "
                     "selected in allowed_tools.")
     else:
-        target = name if namespace is None else f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+        target = name if namespace is None else flat_name(name, namespace)
         close = difflib.get_close_matches(target, known, n=1)
         if close:
             message += f" Did you mean {_quote(close[0])}?"

@@ -99,6 +99,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import AllowedToolsError
 from ..metrics import record_violation
+from ..request.identity import flat_name
 from .sse import SSEEvent, SSEFramer
 
 __all__ = [
@@ -118,7 +119,6 @@ __all__ = [
 ]
 
 CODE_VIOLATION = "allowed_tools_violation"
-NAMESPACE_SEPARATOR = "__"
 
 _STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed tools. The call was "
                    "withheld and the response stopped (allowed_tools_violation); retry the request.")
@@ -209,13 +209,6 @@ class AllowedToolsViolation(AllowedToolsError):
         self.kind = kind
 
 
-def flat_name(name: Any, namespace: Any = None) -> str | None:
-    """The identity of a call: ``name``, or ``namespace__name`` for a namespaced Responses call."""
-    if not isinstance(name, str) or not name:
-        return None
-    if isinstance(namespace, str) and namespace:
-        return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
-    return name
 
 
 def _refusal_reason(policy: Any, name: str | None, kind: str) -> str:
