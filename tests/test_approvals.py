@@ -55,7 +55,7 @@ from vllm_allowed_tools.approvals import (
 )
 from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals.items import unregister_elicitation_type
-from vllm_allowed_tools.request.allowlist import FunctionSpec, ToolIdentity
+from vllm_allowed_tools.request import FunctionSpec, ToolIdentity
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
@@ -873,7 +873,7 @@ def test_two_processes_consuming_one_elicitation_release_it_exactly_once(
 _WRITER = textwrap.dedent("""
     import sys, time
     from vllm_allowed_tools.approvals import ApprovalEngine, ApprovalPolicy, ProposedCall, SQLiteGrantStore
-    from vllm_allowed_tools.request.allowlist import FunctionSpec, ToolIdentity
+    from vllm_allowed_tools.request import FunctionSpec, ToolIdentity
 
     db, mode, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
     spec = FunctionSpec.build(ToolIdentity(None, "deploy"), "Deploy.", None)

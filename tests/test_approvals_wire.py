@@ -19,7 +19,7 @@ from vllm_allowed_tools.approvals.wire import (
     strip_approval_hints,
 )
 from vllm_allowed_tools.response.guard import AllowedNames
-from vllm_allowed_tools.request.allowlist import resolve_allowlist
+from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 GATED, FREE = "send_email", "get_weather"

@@ -161,7 +161,7 @@ def test_unreadable_template_is_not_guessed():
 
 
 def test_filter_catalog_keeps_only_the_allowed_functions():
-    from vllm_allowed_tools.request.allowlist import resolve_allowlist
+    from vllm_allowed_tools.request import resolve_allowlist
     from vllm_allowed_tools.request.rewrite import filter_catalog
     body = {"tools": [{"type": "function", "name": "a", "parameters": {}},
                       {"type": "function", "name": "b", "parameters": {}},

@@ -28,7 +28,7 @@ from vllm_allowed_tools.approvals import (
 )
 from vllm_allowed_tools.approvals.store import store_timeout_from_env
 from vllm_allowed_tools.approvals.wire import ApprovalStream, ResponseApprovals
-from vllm_allowed_tools.request.allowlist import FunctionSpec, ToolIdentity, resolve_allowlist
+from vllm_allowed_tools.request import FunctionSpec, ToolIdentity, resolve_allowlist
 from vllm_allowed_tools.testing.store_faults import sqlite_locked
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 

@@ -14,7 +14,7 @@ from vllm_allowed_tools.errors import (
     CapabilityError,
     InvalidSelectionError,
 )
-from vllm_allowed_tools.request.allowlist import (
+from vllm_allowed_tools.request import (
     FunctionSpec,
     ToolIdentity,
     TurnAllowlist,

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_allowed_tools.errors import InvalidSelectionError
-from vllm_allowed_tools.request.allowlist import ToolIdentity, catalog_digest, resolve_allowlist
+from vllm_allowed_tools.request import ToolIdentity, catalog_digest, resolve_allowlist
 
 SETTINGS = settings(max_examples=60, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])

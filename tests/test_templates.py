@@ -13,7 +13,7 @@ import random
 import jinja2
 import pytest
 
-from vllm_allowed_tools.request.allowlist import catalog_digest
+from vllm_allowed_tools.request import catalog_digest
 from vllm_allowed_tools.devtools.prefix import (
     POLICY_BLOCK_MARKERS,
     compare_policies,

@@ -20,7 +20,7 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ..request.allowlist import FunctionSpec, ToolIdentity, canonical_json, function_digest, strict_json_loads
+from ..request import FunctionSpec, ToolIdentity, canonical_json, function_digest, strict_json_loads
 
 __all__ = ["PREFIX", "arguments_digest", "canonical_arguments", "definition_digest"]
 

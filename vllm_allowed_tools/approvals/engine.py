@@ -86,7 +86,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..request.allowlist import FunctionSpec, ToolIdentity, TurnAllowlist
+from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
 from .digests import arguments_digest as compute_arguments_digest
 from .digests import definition_digest as compute_definition_digest
 from .errors import (

@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..request.allowlist import ToolIdentity
+from ..request import ToolIdentity
 from .errors import (
     CODE_INVALID_ELICITATION,
     CODE_INVALID_ELICITATION_RESPONSE,

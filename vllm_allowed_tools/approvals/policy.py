@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..request.allowlist import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity
+from ..request import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity
 from .errors import ApprovalInputError, PolicyFileError
 
 __all__ = [

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from ..request.allowlist import ToolIdentity
+from ..request import ToolIdentity
 from .errors import GrantStoreUnavailable
 from .items import TOOL_CALL_APPROVAL, ToolCallApproval
 

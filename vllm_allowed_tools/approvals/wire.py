@@ -56,7 +56,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..request.allowlist import ToolIdentity, TurnAllowlist
+from ..request import ToolIdentity, TurnAllowlist
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
 from .errors import ApprovalInputError

@@ -257,7 +257,7 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
 
     Raises InvalidSelectionError (naming the field) exactly as the server's 400 would; None when the
     body selects no allowlist (plain choices are vLLM's own business)."""
-    from ..request.allowlist import resolve_allowlist
+    from ..request import resolve_allowlist
     policy = resolve_allowlist(body, api)
     if policy is None or not policy.has_allowlist or policy.mode is None:
         return None

@@ -73,8 +73,8 @@ from typing import Any, ClassVar, Literal, NamedTuple, Protocol, runtime_checkab
 import jsonschema
 from jsonschema.exceptions import SchemaError
 
-from ..request.identity import flat_name
-from ..request.allowlist import (Api, FunctionSpec, NotStrictJSON, ToolIdentity, TurnAllowlist,
+from ..request import flat_name
+from ..request import (Api, FunctionSpec, NotStrictJSON, ToolIdentity, TurnAllowlist,
                      resolve_allowlist, strict_json_loads)
 
 __all__ = [

@@ -1,1 +1,38 @@
+"""The request path: read a request's tools and tool_choice into the turn's allowlist, and rewrite
+the request so vLLM renders a stable catalog and the parser sees the allowlist.
 
+Other parts of the package import these names from here, never from the modules below."""
+from .allowlist import (
+    Api,
+    Choice,
+    FunctionSpec,
+    Mode,
+    NotStrictJSON,
+    ToolIdentity,
+    TurnAllowlist,
+    canonical_json,
+    catalog_digest,
+    function_digest,
+    resolve_allowlist,
+    resolve_callable_catalog,
+    strict_json_loads,
+)
+from .identity import NAMESPACE_SEPARATOR, flat_name
+
+__all__ = [
+    "NAMESPACE_SEPARATOR",
+    "Api",
+    "Choice",
+    "FunctionSpec",
+    "Mode",
+    "NotStrictJSON",
+    "ToolIdentity",
+    "TurnAllowlist",
+    "canonical_json",
+    "catalog_digest",
+    "flat_name",
+    "function_digest",
+    "resolve_allowlist",
+    "resolve_callable_catalog",
+    "strict_json_loads",
+]

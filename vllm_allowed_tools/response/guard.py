@@ -99,7 +99,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..errors import AllowedToolsError
 from ..metrics import record_violation
-from ..request.identity import flat_name
+from ..request import flat_name
 from .sse import SSEEvent, SSEFramer
 
 __all__ = [

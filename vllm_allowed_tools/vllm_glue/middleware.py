@@ -464,7 +464,7 @@ class AllowedToolsMiddleware:
             session_of,
             strip_approval_hints,
         )
-        from ..request.allowlist import resolve_callable_catalog
+        from ..request import resolve_callable_catalog
         check_hints(data, self.approvals.policy)   # a bad `approval` object: 400 before generation
         _refuse_gated_custom_tools(data, api, self.approvals)
         body = strip_approval_hints(rewritten.body)
@@ -565,7 +565,7 @@ def _refuse_gated_custom_tools(body: dict, api: Api, engine: Any) -> None:
     """A ``custom`` tool the approval policy gates is refused before generation: its calls
     (``custom_tool_call``, free-form input) cannot be elicited and released yet, and serving them
     unasked would skip the approval. Ungated custom tools are served as before."""
-    from ..request.allowlist import ToolIdentity
+    from ..request import ToolIdentity
     for param, kind, namespace, name in request_tools(body, api):
         if kind == "custom" and engine.policy.effective(ToolIdentity(namespace, name)).required:
             raise AllowedToolsError(
