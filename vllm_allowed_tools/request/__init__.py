@@ -2,22 +2,11 @@
 the request so vLLM renders a stable catalog and the parser sees the allowlist.
 
 Other parts of the package import these names from here, never from the modules below."""
-from .allowlist import (
-    Api,
-    Choice,
-    FunctionSpec,
-    Mode,
-    NotStrictJSON,
-    ToolIdentity,
-    TurnAllowlist,
-    canonical_json,
-    catalog_digest,
-    function_digest,
-    resolve_allowlist,
-    resolve_callable_catalog,
-    strict_json_loads,
-)
-from .identity import NAMESPACE_SEPARATOR, flat_name
+from .allowlist import Choice, TurnAllowlist, resolve_allowlist, resolve_callable_catalog
+from .catalog import Api, catalog_digest
+from .identity import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity, flat_name, function_digest
+from .json_text import NotStrictJSON, canonical_json, strict_json_loads
+from .selection import Mode
 
 __all__ = [
     "NAMESPACE_SEPARATOR",

@@ -1,9 +1,15 @@
-"""How a tool is named on the wire: one join of namespace and name for every part of the package."""
+"""How a function tool is named: its canonical identity, the flat name the model sees, and the
+digest of its definition, shared by the allowlist, the guard, the approvals and the dispatcher."""
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["NAMESPACE_SEPARATOR", "flat_name"]
+from .json_text import canonical_json, sha256_text
+
+__all__ = ["NAMESPACE_SEPARATOR", "FunctionSpec", "ToolIdentity", "flat_name", "function_digest"]
 
 # vLLM flattens a Responses namespace member to ``namespace__name`` before the template renders it.
 NAMESPACE_SEPARATOR = "__"
@@ -18,3 +24,82 @@ def flat_name(name: Any, namespace: Any = None) -> str | None:
     if isinstance(namespace, str) and namespace:
         return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
     return name
+
+
+@functools.total_ordering
+@dataclass(frozen=True)
+class ToolIdentity:
+    """Canonical identity of a function tool: ``(namespace, name)``, namespace None for top level.
+
+    Ordered by flat name first (the canonical catalog order), then top-level before namespaced.
+    (``order=True`` would compare ``None`` with ``str`` namespaces and raise, hence explicit ordering.)
+    """
+
+    namespace: str | None
+    name: str
+
+    @property
+    def flat_name(self) -> str:
+        """The name the model sees and emits (vLLM flattens namespace members with ``__``)."""
+        return flat_name(self.name, self.namespace) or self.name
+
+    def sort_key(self) -> tuple[str, bool, str, str]:
+        return (self.flat_name, self.namespace is not None, self.namespace or "", self.name)
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, ToolIdentity):
+            return NotImplemented
+        return self.sort_key() < other.sort_key()
+
+    def as_json(self) -> list[str | None]:
+        return [self.namespace, self.name]
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """One validated function definition of the catalog.
+
+    ``digest`` binds identity, description and parameters (canonical JSON), so approvals and grammar
+    caches can tell definitions apart; ``strict`` is per-request noise and not part of it.
+    ``parameters`` is shared by every request with the same catalog (catalogs are cached), so treat
+    it as read-only.
+    """
+
+    identity: ToolIdentity
+    description: str | None
+    parameters: dict[str, Any] = field(hash=False)
+    strict: bool | None
+    digest: str
+
+    @classmethod
+    def build(cls, identity: ToolIdentity, description: str | None,
+              parameters: Mapping[str, Any] | None, strict: bool | None = None) -> FunctionSpec:
+        """A spec with its digest computed; missing parameters become an empty object schema."""
+        params = {"type": "object", "properties": {}} if parameters is None else parameters
+        if not isinstance(params, dict):
+            params = dict(params)
+        return cls(identity=identity, description=description, parameters=params, strict=strict,
+                   digest=function_digest(identity, description, params))
+
+    @property
+    def flat_name(self) -> str:
+        return self.identity.flat_name
+
+    def sort_key(self) -> tuple[tuple[str, bool, str, str], str]:
+        """The canonical catalog order: by identity, then by definition."""
+        return (self.identity.sort_key(), self.digest)
+
+    def chat_tool(self) -> dict[str, Any]:
+        """The definition in Chat Completions shape under its flat name (what templates render)."""
+        function: dict[str, Any] = {"name": self.flat_name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
+
+
+def function_digest(identity: ToolIdentity, description: str | None,
+                    parameters: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON of (identity, description, parameters)."""
+    return sha256_text(canonical_json({"namespace": identity.namespace, "name": identity.name,
+                                       "description": description, "parameters": parameters}))

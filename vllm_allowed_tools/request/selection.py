@@ -1,0 +1,193 @@
+"""The ``allowed_tools`` selection of ``tool_choice``, read for either API and resolved against the
+catalog; every problem is a 400 that names the field and shows the shape expected, and nothing is
+ever widened to the catalog."""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import CODE_INVALID_ALLOWED_TOOLS, InvalidSelectionError
+from .catalog import Api, Catalog
+from .identity import ToolIdentity, flat_name
+from .messages import ABSENT, is_name, names_list, quote, type_name
+
+__all__ = ["MODES", "Mode", "Selection", "read_selection"]
+
+Mode = Literal["auto", "required"]
+MODES = ("auto", "required")
+
+_RESPONSES_ENTRY = '{"type": "function", "name": "<function name>"}'
+_CHAT_ENTRY = '{"type": "function", "function": {"name": "<function name>"}}'
+_RESPONSES_SHAPE = ('{"type": "allowed_tools", "mode": "auto" | "required", "tools": ['
+                    + _RESPONSES_ENTRY + ", ...]}")
+_CHAT_SHAPE = ('{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": ['
+               + _CHAT_ENTRY + ", ...]}}")
+
+
+def _selection_error(message: str, reason: str, param: str) -> InvalidSelectionError:
+    return InvalidSelectionError(message, reason=reason, param=param,
+                                 code=CODE_INVALID_ALLOWED_TOOLS)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A well-formed ``allowed_tools`` choice, its selectors not yet resolved."""
+
+    api: Api
+    mode: Mode
+    entries: list[Any]
+    prefix: str  # the param path of the object holding ``mode`` and ``tools``
+
+    def resolve(self, catalog: Catalog) -> frozenset[ToolIdentity]:
+        """The identities the selectors name; raises on an ambiguous or unknown name."""
+        resolver = catalog.resolver
+        allowed: set[ToolIdentity] = set()
+        for i, entry in enumerate(self.entries):
+            name, namespace, name_param = _selector_name(entry, self.api,
+                                                         f"{self.prefix}.tools[{i}]")
+            found = resolver.resolve(name, namespace)
+            if found.identity is not None:
+                allowed.add(found.identity)
+                continue
+            if found.candidates:
+                raise _selection_error(
+                    f"{name_param} {quote(name)} is ambiguous: it names a function in several "
+                    f"namespaces ({', '.join(found.candidates)}). Select one by its flat name "
+                    f"`<namespace>__<name>` (for example {quote(found.candidates[0])})"
+                    + (", or add \"namespace\" to the entry." if self.api == "responses" else "."),
+                    "ambiguous_name", name_param)
+            raise _selection_error(_unknown_message(name, namespace, name_param, catalog),
+                                   "unknown_function", name_param)
+        return frozenset(allowed)
+
+
+def read_selection(choice: Mapping[str, Any], api: Api) -> Selection:
+    """The mode and selectors of an ``allowed_tools`` choice; raises on a malformed one."""
+    container, prefix = _selection_container(choice, api)
+    mode = _selection_mode(container, prefix)
+    return Selection(api, mode, _selection_entries(container, prefix), prefix)
+
+
+def _selection_container(choice: Mapping[str, Any], api: Api) -> tuple[Mapping[str, Any], str]:
+    """The object holding ``mode`` and ``tools``, and its param prefix."""
+    if api == "responses":
+        if "tools" not in choice and "mode" not in choice and "allowed_tools" in choice:
+            raise _selection_error(
+                "tool_choice.allowed_tools: the Responses API takes the selection flat on "
+                f"tool_choice, as {_RESPONSES_SHAPE}; the nested \"allowed_tools\" object is the "
+                "Chat Completions shape.", "malformed", "tool_choice.allowed_tools")
+        return choice, "tool_choice"
+    inner = choice.get("allowed_tools", ABSENT)
+    if not isinstance(inner, Mapping):
+        hint = ("; the flat \"mode\"/\"tools\" fields on tool_choice are the Responses API's shape"
+                if ("tools" in choice or "mode" in choice) else "")
+        raise _selection_error(
+            f"tool_choice.allowed_tools must be an object, got {type_name(inner)}: Chat "
+            f"Completions expects {_CHAT_SHAPE}{hint}.", "malformed", "tool_choice.allowed_tools")
+    return inner, "tool_choice.allowed_tools"
+
+
+def _selection_mode(container: Mapping[str, Any], prefix: str) -> Mode:
+    param = f"{prefix}.mode"
+    if "mode" not in container or container["mode"] is None:
+        raise _selection_error(
+            f"{param} is required: \"auto\" (the model may answer in text or call the selected "
+            "functions) or \"required\" (it must call at least one of them).",
+            "invalid_mode", param)
+    mode = container["mode"]
+    if mode == "none":
+        raise _selection_error(
+            f"{param} \"none\" is not an allowed_tools mode; use \"auto\" or \"required\", or send "
+            "tool_choice \"none\" to disable tool calls.", "invalid_mode", param)
+    if mode not in MODES:
+        raise _selection_error(
+            f"{param} must be \"auto\" or \"required\", got {quote(mode)}.", "invalid_mode", param)
+    return mode
+
+
+def _selection_entries(container: Mapping[str, Any], prefix: str) -> list[Any]:
+    param = f"{prefix}.tools"
+    entries = container.get("tools")
+    if entries is None or (isinstance(entries, list) and not entries):
+        raise _selection_error(
+            f"{param} is empty: allowed_tools must select at least one function from `tools` "
+            "(an empty selection is never widened to the whole catalog). Select the functions "
+            "the model may call, or send tool_choice \"none\" to disable tool calls.",
+            "empty_subset", param)
+    if not isinstance(entries, list):
+        raise _selection_error(f"{param} must be an array of selectors, got "
+                               f"{type_name(entries)}.", "malformed", param)
+    return entries
+
+
+def _selector_name(entry: Any, api: Api, param: str) -> tuple[str, str | None, str]:
+    """(name, namespace, param of the name) of one selector entry; raises on non-function/malformed."""
+    expected = _RESPONSES_ENTRY if api == "responses" else _CHAT_ENTRY
+    if not isinstance(entry, Mapping):
+        raise _selection_error(f"{param} must be an object like {expected}, got "
+                               f"{type_name(entry)}.", "malformed", param)
+    _check_selector_type(entry, param, expected)
+    if api == "responses":
+        name, name_param = entry.get("name", ABSENT), f"{param}.name"
+        if "name" not in entry and isinstance(entry.get("function"), Mapping):
+            raise _selection_error(
+                f"{name_param} is missing: the Responses API selects functions as {expected}; "
+                "{\"function\": {\"name\": ...}} is the Chat Completions shape.",
+                "malformed", name_param)
+        namespace = entry.get("namespace")
+        if namespace is not None and not is_name(namespace):
+            raise _selection_error(f"{param}.namespace must be a non-empty string or absent, got "
+                                   f"{type_name(namespace)}.", "malformed", f"{param}.namespace")
+    else:
+        function = entry.get("function", ABSENT)
+        namespace = None
+        if not isinstance(function, Mapping):
+            hint = ("; {\"type\": \"function\", \"name\": ...} is the Responses API shape"
+                    if "name" in entry else "")
+            raise _selection_error(f"{param}.function must be an object, got "
+                                   f"{type_name(function)}: Chat Completions selects functions as "
+                                   f"{expected}{hint}.", "malformed", f"{param}.function")
+        name, name_param = function.get("name", ABSENT), f"{param}.function.name"
+    if not is_name(name):
+        raise _selection_error(f"{name_param} must be a non-empty string naming a function in "
+                               f"`tools`, got {type_name(name)}.", "malformed", name_param)
+    return name, namespace, name_param
+
+
+def _check_selector_type(entry: Mapping[str, Any], param: str, expected: str) -> None:
+    """Only function tools can be selected: a selector's ``type`` must be ``"function"``."""
+    entry_type = entry.get("type")
+    if entry_type is None:
+        raise _selection_error(f"{param}.type is missing: each selector must look like {expected}.",
+                               "malformed", f"{param}.type")
+    if not isinstance(entry_type, str):
+        raise _selection_error(f"{param}.type must be the string \"function\", got "
+                               f"{type_name(entry_type)}.", "malformed", f"{param}.type")
+    if entry_type != "function":
+        extra = (" To select namespace members, list each member by its flat name "
+                 "`<namespace>__<name>`." if entry_type == "namespace" else "")
+        raise _selection_error(
+            f"{param}.type {quote(entry_type)} cannot be selected: only function tools can be "
+            "selected in allowed_tools (hosted, MCP, custom and other non-function tools are not "
+            f"supported here). Remove the entry or select function tools as {expected}.{extra}",
+            "non_function_selector", f"{param}.type")
+
+
+def _unknown_message(name: str, namespace: str | None, param: str, catalog: Catalog) -> str:
+    known = catalog.resolver.flat_names()
+    what = (f"{quote(name)} in namespace {quote(namespace)}" if namespace is not None
+            else quote(name))
+    message = (f"{param} {what} is not a function in `tools`; the function tools are: "
+               f"{names_list(known)}.")
+    target = name if namespace is None else flat_name(name, namespace)
+    other_type = catalog.other_tools.get(target)
+    if other_type is not None:
+        message += (f" {quote(name)} is a {other_type!s} tool, and only function tools can be "
+                    "selected in allowed_tools.")
+    else:
+        close = difflib.get_close_matches(target, known, n=1)
+        if close:
+            message += f" Did you mean {quote(close[0])}?"
+    return message + " Add it to `tools` or remove it from the selection."
