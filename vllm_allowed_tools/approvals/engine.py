@@ -1,113 +1,29 @@
 """The approval decisions: which proposed calls go out, which wait for a person, what answers do.
 
-Two steps, both free of vLLM:
-
-:meth:`ApprovalEngine.propose` (a model turn produced calls)
-    For each call: the operator's policy (tightened by the tool definition's ``approval`` hint)
-    says whether it needs approval. Not gated -> :class:`Release` (``via="policy"``). Gated and a
-    live grant matches (same subject; ``always``, or ``session`` of this session; same tool
-    identity; same definition digest; its argument digest, if it has one, equal; a scope the
-    current policy still offers) -> :class:`Release` (``via="grant"``, with ``grant_id``). Otherwise
-    the server records the exact call and returns its :class:`ToolCallApproval` item, to be sent to
-    the client instead of the call. :meth:`propose_all` does a turn's parallel calls: each gated call
-    gets its own elicitation, all in one batch (one transaction).
-
-:meth:`ApprovalEngine.resolve_all` (a follow-up request carries ``elicitation_response`` items)
-    Every response is checked against the server's own record (never the client's echo): it must
-    exist for this principal and session, match any binding fields the response repeats, satisfy its
-    type's rules (``scope`` with ``accept``, and one of the offered scopes); the tool must still have
-    the same definition in this request's catalog; and, when the caller passes this request's
-    ``turn`` (its :class:`~vllm_allowed_tools.request.allowlist.TurnAllowlist`, or None for a request without
-    tools), an ``accept`` must name a call this turn could have made: the request has tools, its
-    ``tool_choice`` is not ``none``, and an allowlist (``allowed_tools``) or a named choice includes
-    the tool; otherwise a 400 ``tool_not_allowed_this_turn`` (``param``: the response's
-    ``input[i]``). All checks run **before anything is consumed**: a bad response is an
-    :class:`ApprovalInputError` (4xx) and the client may correct and resend (the elicitation stays
-    answerable). Then each record is consumed atomically (single use):
-
-    * ``accept`` -> :class:`Release` of exactly the recorded call (its call id and arguments from the
-      record); ``session`` / ``always`` also mint a :class:`~.store.Grant` in the same transaction;
-    * ``decline`` -> :class:`Decline` whose ``tool_output`` the model sees, with the reason;
-    * ``cancel`` -> :class:`Decline` without a reason (a reason sent with cancel is dropped);
-    * past ``expires_at`` -> :class:`Decline` (``cause="expired"``), the record becomes terminal;
-    * the tool's definition changed (or it left the catalog) -> :class:`Decline`
-      (``cause="definition_changed"``);
-    * the same answer again -> :class:`Replayed`: nothing new happens (nothing is consumed, no grant
-      is minted). "The same answer" is the same principal and session, the same ``action`` and, for
-      ``accept``, the same ``scope``; the response ``id`` may be the same (an SDK retry resends the
-      identical body) or new (a client that rebuilt its answer after a lost reply); a record closed
-      without an answer of its own (expired, unanswered, definition changed) only matches its own
-      response id. For a repeated ``accept`` whose call is not yet in the request's history
-      (``function_call`` items with that call id), :attr:`Replayed.release` is the release the
-      first answer made, identical (call id, arguments, grant): a lost reply, a client disconnect,
-      the loser of a race or a request cut short by a store failure gets the same call again,
-      never a second grant and never a false "declined". With the call in the history (a
-      transcript that keeps its history), ``release`` is None: a no-op;
-    * another response consumed it first (a race) with the same answer -> as above; with another
-      answer -> :class:`Rejected`: nothing;
-    * a different answer to an already-consumed elicitation (``decline`` after ``accept``,
-      ``accept`` with another scope, or any answer under another response id to a record closed
-      without one), seen before consuming -> :class:`ApprovalInputError` 409
-      ``elicitation_consumed``.
-
-    Then every still-pending elicitation of the batches just answered, and every echoed
-    ``elicitation`` item still pending, is declined (``cause="unanswered"``): parallel calls without
-    an answer are declined.
-
-Decisions where the texts are silent:
-
-* Elicitations are bound to ``(principal, session)``: another principal or session answering one
-  gets ``unknown_elicitation`` (whether it exists is not revealed).
-* A revoked or expired grant never releases anything; the next matching call is asked about again
-  (a new elicitation), so revocation is observable as a fresh question, and a decline after it is
-  observable by the model. Grants are never widened or upgraded: no code path changes a grant's
-  scope, session, tool, definition or argument constraint; a changed definition simply matches no
-  old grant.
-* A grant applies only while the current policy still offers its scope and, when the policy now
-  binds arguments, only if the grant is bound to these arguments.
-* With no session (``session=None``) the ``session`` scope is not offered.
-* A call whose policy offers no usable scope (e.g. only ``session`` without a session) is declined
-  at once (``cause="not_approvable"``).
-* The store unavailable (:class:`~.errors.GrantStoreUnavailable`, HTTP 503): fail closed. A
-  proposal that needs the store (a gated call: grant lookup, elicitation record) raises it, so no
-  gated call is released and none is elicited without a record; calls that need no approval are
-  released without touching the store. A follow-up raises it before or while consuming: each
-  consumption is one transaction, so a response is either fully applied or not at all, and the
-  client may resend it unchanged once the store is back (one applied before the failure is then
-  a :class:`Replayed`: its call is not released twice).
+:meth:`ApprovalEngine.propose_all` decides a model turn's calls (release, or record and elicit);
+:meth:`ApprovalEngine.resolve_all` applies a follow-up's answers, each consumed once, atomically.
+Free of vLLM and blocking (it calls the store). The rules it enforces, including those the
+proposal leaves open, are in ``docs/approvals.md``.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
+from .answers import CheckedAnswer, check_answer, function_call_ids, release_of, same_answer
 from .digests import arguments_digest as compute_arguments_digest
 from .digests import definition_digest as compute_definition_digest
-from .errors import (
-    CODE_ELICITATION_CONSUMED,
-    CODE_ELICITATION_MISMATCH,
-    CODE_INVALID_ELICITATION_RESPONSE,
-    CODE_UNKNOWN_ELICITATION,
-    ApprovalInputError,
-)
-from .items import (
-    ApprovalItems,
-    ElicitationResponse,
-    ToolCallApproval,
-    parse_elicitation_response,
-    parse_input_items,
-)
+from .errors import CODE_ELICITATION_CONSUMED, ApprovalInputError
+from .items import ApprovalItems, ElicitationResponse, ToolCallApproval, parse_input_items
+from .outcomes import Decline, Outcome, ProposedCall, Rejected, Release, Replayed
 from .policy import ApprovalPolicy
 from .store import ElicitationRecord, Grant, GrantStore
 
 __all__ = [
-    "CODE_TOOL_NOT_ALLOWED_THIS_TURN",
     "ApprovalEngine",
     "Decline",
     "Outcome",
@@ -115,166 +31,19 @@ __all__ = [
     "Rejected",
     "Release",
     "Replayed",
+    "function_call_ids",
 ]
 
-
-#: An ``accept`` names a call this request could not have made (no tools, ``tool_choice: none``, an
-#: allowlist or named choice without the tool): 400, nothing consumed. A stable ``code`` string.
-CODE_TOOL_NOT_ALLOWED_THIS_TURN = "tool_not_allowed_this_turn"
-
-
-@dataclass(frozen=True)
-class ProposedCall:
-    """One tool call a model produced, with the definition it was produced against.
-
-    ``arguments`` is the JSON text exactly as the model emitted it (it is what a release hands on).
-    ``hint`` is the tool definition's ``approval`` object (:func:`~.policy.approval_hint`), and
-    ``hint_param`` where it sits in the request (for 400 messages).
-    """
-
-    call_id: str
-    identity: ToolIdentity
-    arguments: str
-    definition_digest: str
-    hint: Mapping[str, Any] | None = None
-    hint_param: str = "approval"
-
-    @classmethod
-    def from_spec(cls, spec: FunctionSpec, *, call_id: str, arguments: str,
-                  hint: Mapping[str, Any] | None = None, hint_param: str = "approval") -> ProposedCall:
-        return cls(call_id=call_id, identity=spec.identity, arguments=arguments,
-                   definition_digest=compute_definition_digest(spec), hint=hint,
-                   hint_param=hint_param)
-
-    @property
-    def flat_name(self) -> str:
-        return self.identity.flat_name
-
-
-@dataclass(frozen=True)
-class Release:
-    """The call may go out (be executed, or be handed to the client that executes it).
-
-    ``via``: ``policy`` (not gated), ``grant`` (a live grant, ``grant_id``), ``approval`` (an
-    ``accept`` just consumed; ``scope``, ``elicitation_id``, and ``grant_id`` when one was minted).
-    The call fields come from the server's record, never from the client.
-    """
-
-    call_id: str
-    name: str
-    namespace: str | None
-    arguments: str
-    arguments_digest: str
-    definition_digest: str
-    via: Literal["policy", "grant", "approval"]
-    scope: str | None = None
-    grant_id: str | None = None
-    elicitation_id: str | None = None
-
-    executes: bool = field(default=True, init=False)
-
-    @property
-    def flat_name(self) -> str:
-        return ToolIdentity(self.namespace, self.name).flat_name
-
-    def function_call_item(self) -> dict[str, Any]:
-        """A Responses ``function_call`` item for the released call (no ``id``: the glue adds one)."""
-        item: dict[str, Any] = {"type": "function_call", "call_id": self.call_id, "name": self.name,
-                                "arguments": self.arguments, "status": "completed"}
-        if self.namespace is not None:
-            item["namespace"] = self.namespace
-        return item
-
-
-DeclineCause = Literal["declined", "cancelled", "expired", "unanswered", "definition_changed",
-                       "not_approvable"]
-
-_DECLINE_TEXT: Mapping[str, str] = {
-    "declined": "The user declined this tool call; it was not executed.",
-    "cancelled": "The user declined this tool call; it was not executed.",
-    "unanswered": "The user did not approve this tool call; it was not executed.",
-    "expired": "The approval request for this tool call expired before it was approved; the tool "
-               "call was not executed.",
-    "definition_changed": "The tool's definition changed after approval was requested; the tool "
-                          "call was not executed.",
-    "not_approvable": "This tool call needs an approval that cannot be given here; it was not "
-                      "executed.",
-}
-
-
-@dataclass(frozen=True)
-class Decline:
-    """A terminal refusal the model must see as the call's result (``tool_output``)."""
-
-    call_id: str
-    name: str
-    namespace: str | None
-    arguments: str
-    cause: DeclineCause
-    reason: str | None
-    tool_output: str
-    elicitation_id: str | None = None
-
-    executes: bool = field(default=False, init=False)
-
-    @classmethod
-    def of(cls, record: ElicitationRecord | None, cause: DeclineCause, reason: str | None = None, *,
-           call: ProposedCall | None = None) -> Decline:
-        text = _DECLINE_TEXT[cause]
-        if reason and cause == "declined":
-            text += f" Reason given: {reason}"
-        if record is not None:
-            return cls(call_id=record.call_id, name=record.name, namespace=record.namespace,
-                       arguments=record.arguments, cause=cause,
-                       reason=reason if cause == "declined" else None, tool_output=text,
-                       elicitation_id=record.id)
-        assert call is not None
-        return cls(call_id=call.call_id, name=call.identity.name, namespace=call.identity.namespace,
-                   arguments=call.arguments, cause=cause, reason=None, tool_output=text)
-
-    def function_call_output_item(self) -> dict[str, Any]:
-        """The Responses ``function_call_output`` item the model sees for this call."""
-        return {"type": "function_call_output", "call_id": self.call_id, "output": self.tool_output}
-
-    def chat_tool_message(self) -> dict[str, Any]:
-        """The same, as a Chat Completions ``tool`` message."""
-        return {"role": "tool", "tool_call_id": self.call_id, "content": self.tool_output}
-
-
-@dataclass(frozen=True)
-class Replayed:
-    """The same answer again (kept in the transcript's history, or retried): nothing new happens.
-
-    ``release``: for a repeated ``accept`` whose call is not in the request's history, the release
-    the first answer made, identical (same call id, arguments and grant id; no new grant): the
-    wire answers with it again, so a lost reply loses nothing. None otherwise."""
-
-    elicitation_id: str
-    response_id: str
-    status: str
-    release: Release | None = None
-    executes: bool = field(default=False, init=False)
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A response that lost the race for its elicitation: nothing happens (``error`` says why)."""
-
-    elicitation_id: str
-    response_id: str
-    error: ApprovalInputError
-    executes: bool = field(default=False, init=False)
-
-
-Outcome = Release | Decline | Replayed | Rejected
-Catalog = TurnAllowlist | Mapping[ToolIdentity, str] | Iterable[FunctionSpec]
+#: What a follow-up's answers are checked against: the request's tools now (its turn allowlist, a
+#: map of identities to definition digests, or the specs themselves).
+CurrentDefinitions = TurnAllowlist | Mapping[ToolIdentity, str] | Iterable[FunctionSpec]
 
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def _catalog_digests(catalog: Catalog | None) -> Mapping[ToolIdentity, str] | None:
+def _catalog_digests(catalog: CurrentDefinitions | None) -> Mapping[ToolIdentity, str] | None:
     if catalog is None:
         return None
     if isinstance(catalog, TurnAllowlist):
@@ -371,26 +140,27 @@ class ApprovalEngine:
 
     def resolve(self, response: ElicitationResponse | Mapping[str, Any], *, principal: str,
                 session: str | None = None, now: float | None = None,
-                catalog: Catalog | None = None, param: str = "item",
+                catalog: CurrentDefinitions | None = None, param: str = "item",
                 turn: TurnAllowlist | None | Literal[False] = False,
                 history_calls: Collection[str] = ()) -> Outcome:
         """Apply one ``elicitation_response`` (see :meth:`resolve_all`; no sibling declines)."""
         _check_principal(principal)
         now = self.clock() if now is None else now
-        checked = self._check(response, param, principal, session, _catalog_digests(catalog),
-                              turn, history_calls)
+        checked = check_answer(self.store, response, param, principal, session,
+                               _catalog_digests(catalog), turn, history_calls)
         return self._apply(checked, principal, session, now)
 
     def resolve_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                     session: str | None = None, now: float | None = None,
-                    catalog: Catalog | None = None,
+                    catalog: CurrentDefinitions | None = None,
                     turn: TurnAllowlist | None | Literal[False] = False,
                     history_calls: Collection[str] | None = None) -> list[Outcome]:
         """Apply every ``elicitation_response`` of a follow-up request, then decline unanswered
         siblings. ``items`` is the request's ``input`` list or its :func:`parse_input_items`.
 
-        ``turn``: this request's tool policy (None: the request has no tools); an ``accept`` is
-        then released only if this turn could have made the call (see the module docstring).
+        ``turn``: this request's :class:`TurnAllowlist` (None: the request has no tools); an
+        ``accept`` is then released only if this turn could have made the call (it has tools,
+        ``tool_choice`` is not ``none``, and its allowlist or named choice includes the tool).
         False (the default): not checked. ``history_calls``: the call ids of the request's
         ``function_call`` items (read from ``items`` when it is the raw list); a repeated
         ``accept`` of a call among them releases nothing again.
@@ -406,8 +176,8 @@ class ApprovalEngine:
         if history_calls is None:
             history_calls = set() if isinstance(items, ApprovalItems) else function_call_ids(items)
         digests = _catalog_digests(catalog)
-        checked = [self._check(response, f"{parsed.param}[{index}]", principal, session, digests,
-                               turn, history_calls)
+        checked = [check_answer(self.store, response, f"{parsed.param}[{index}]", principal,
+                                session, digests, turn, history_calls)
                    for index, response in parsed.responses]
         outcomes: list[Outcome] = [self._apply(c, principal, session, now) for c in checked]
 
@@ -438,55 +208,7 @@ class ApprovalEngine:
 
     # -- internals
 
-    def _check(self, response: ElicitationResponse | Mapping[str, Any], param: str, principal: str,
-               session: str | None, catalog: Mapping[ToolIdentity, str] | None,
-               turn: TurnAllowlist | None | Literal[False] = False,
-               history_calls: Collection[str] = ()) -> _Checked:
-        raw = response.to_json() if isinstance(response, ElicitationResponse) else response
-        common = parse_elicitation_response(raw, param=param)
-        record = self.store.get_elicitation(common.elicitation_id)
-        if record is None or record.principal != principal or record.session != session:
-            raise ApprovalInputError(
-                f"{param}.elicitation_id {common.elicitation_id!r} does not name an elicitation "
-                "that is waiting for this caller in this session.",
-                param=f"{param}.elicitation_id", code=CODE_UNKNOWN_ELICITATION)
-        typed = parse_elicitation_response(raw, param=param, elicitation_type=record.elicitation_type)
-        if record.status != "pending" and not _same_answer(record, typed):
-            raise ApprovalInputError(
-                f"{param}.elicitation_id {record.id!r} was already answered by another response "
-                f"and is closed ({record.status}); an approval is single-use and its answer cannot "
-                "be changed. Answer the current elicitation instead.",
-                param=f"{param}.elicitation_id", code=CODE_ELICITATION_CONSUMED, status=409)
-        in_history = record.call_id in history_calls
-        bound = {"call_id": record.call_id, "arguments_digest": record.arguments_digest,
-                 "tool_definition_digest": record.definition_digest}
-        for key, expected in bound.items():
-            value = typed.fields.get(key)
-            if value is not None and value != expected:
-                raise ApprovalInputError(
-                    f"{param}.{key} does not match elicitation {record.id!r}: it answers another "
-                    "call. Send the response for the elicitation of that call.",
-                    param=f"{param}.{key}", code=CODE_ELICITATION_MISMATCH)
-        if record.status != "pending":   # the same answer again
-            if record.status != "accepted" or in_history:
-                return _Checked(typed, record, param, replay=True, in_history=in_history)
-            if turn is not False:         # released again: only if this turn could make the call
-                _check_turn(record, param, turn)
-            return _Checked(typed, record, param, replay=True, release=_release_of(record))
-        if typed.action == "accept" and typed.scope not in record.requested_scopes:
-            raise ApprovalInputError(
-                f"{param}.scope {typed.scope!r} was not offered for this call; choose one of "
-                f"{list(record.requested_scopes)} (the elicitation's requested_scopes).",
-                param=f"{param}.scope", code=CODE_INVALID_ELICITATION_RESPONSE)
-        stale = False
-        if catalog is not None:
-            current = catalog.get(record.identity)
-            stale = current is None or current != record.definition_digest
-        if typed.action == "accept" and turn is not False:
-            _check_turn(record, param, turn, stale=stale)
-        return _Checked(typed, record, param, stale=stale, in_history=in_history)
-
-    def _apply(self, checked: _Checked, principal: str, session: str | None, now: float) -> Outcome:
+    def _apply(self, checked: CheckedAnswer, principal: str, session: str | None, now: float) -> Outcome:
         response, record = checked.response, checked.record
         if checked.replay:
             return Replayed(record.id, response.id, record.status, checked.release)
@@ -522,17 +244,17 @@ class ApprovalEngine:
         done = result.record
         assert done is not None
         if status == "accepted":
-            return _release_of(done)
+            return release_of(done)
         return Decline.of(done, "declined" if status == "declined" else "cancelled", reason)
 
     @staticmethod
-    def _lost(record: ElicitationRecord | None, checked: _Checked) -> Outcome:
+    def _lost(record: ElicitationRecord | None, checked: CheckedAnswer) -> Outcome:
         """Another response consumed the record between the check and this consumption."""
         response = checked.response
-        if record is not None and _same_answer(record, response):
+        if record is not None and same_answer(record, response):
             # the same answer won (e.g. a retry racing its original): the same result, no new grant;
             # this response passed the turn and definition checks while the record was pending
-            release = _release_of(record) if (record.status == "accepted" and not checked.stale
+            release = release_of(record) if (record.status == "accepted" and not checked.stale
                                               and not checked.in_history) else None
             return Replayed(record.id, response.id, record.status, release)
         return Rejected(response.elicitation_id, response.id, ApprovalInputError(
@@ -566,89 +288,6 @@ class ApprovalEngine:
                                        reason=reason)
 
 
-@dataclass(frozen=True)
-class _Checked:
-    response: ElicitationResponse
-    record: ElicitationRecord
-    param: str = "item"
-    replay: bool = False
-    stale: bool = False
-    in_history: bool = False
-    release: Release | None = None
-
-
-def function_call_ids(items: Sequence[Any]) -> set[str]:
-    """The call ids of the ``function_call`` items of a Responses ``input`` list (its history)."""
-    return {item["call_id"] for item in items if isinstance(item, Mapping)
-            and item.get("type") == "function_call" and isinstance(item.get("call_id"), str)}
-
-
-def _same_answer(record: ElicitationRecord, response: ElicitationResponse) -> bool:
-    """Is ``response`` the answer that closed ``record`` again (an idempotent resend)?
-
-    Same action and, for ``accept``, the same scope, under any response id (an SDK retry keeps the
-    id, a client that rebuilt its answer may not). A record closed without an answer of its own
-    (expired, unanswered, definition changed: no ``action``) matches only its own response id."""
-    if record.action is None:
-        return record.response_id is not None and record.response_id == response.id
-    return record.action == response.action and (response.action != "accept"
-                                                 or record.scope == response.scope)
-
-
-def _release_of(record: ElicitationRecord) -> Release:
-    """The release of an accepted record: the recorded call, the scope and grant of its answer."""
-    return Release(call_id=record.call_id, name=record.name, namespace=record.namespace,
-                   arguments=record.arguments, arguments_digest=record.arguments_digest,
-                   definition_digest=record.definition_digest, via="approval", scope=record.scope,
-                   grant_id=record.grant_id, elicitation_id=record.id)
-
-
-def _check_turn(record: ElicitationRecord, param: str, turn: TurnAllowlist | None, *,
-                stale: bool = False) -> None:
-    """Raise a 400 unless this request (``turn``) could have made the recorded call.
-
-    ``stale`` (a pending record whose tool left the catalog or changed): not this check's business,
-    the record is declined as ``definition_changed``; only a turn that can call no tool at all is
-    refused first. A repeated accept (the record is closed, it cannot be declined any more) is
-    refused when this turn lacks the tool or has another definition of it."""
-    tool = record.identity.flat_name
-    fix = (f"Nothing was consumed: the elicitation stays answerable. Send the same "
-           f"elicitation_response again in a request whose tools include {tool} (with the same "
-           f"definition) and whose tool_choice allows calling it (e.g. \"auto\", or an "
-           "allowed_tools list that includes it).")
-    if turn is None:
-        why = "this request has no tools (or a tool_choice the server cannot apply to them)"
-    elif turn.choice == "none":
-        why = 'this request\'s tool_choice is "none"'
-    elif stale:
-        return
-    elif not any(spec.identity == record.identity
-                 and compute_definition_digest(spec) == record.definition_digest
-                 for spec in turn.catalog):
-        why = f"this request's tools do not include {tool} with the definition it had when it " \
-              "was approved"
-    elif turn.allowed is not None and record.identity not in turn.allowed:
-        names = sorted(identity.flat_name for identity in turn.allowed)
-        why = f"this request's tool_choice allows only {names}"
-    else:
-        return
-    raise ApprovalInputError(
-        f"{param} accepts the call {record.call_id!r} to {tool}, but {why}, so this turn could not "
-        f"make that call and it is not released. {fix}",
-        param=param, code=CODE_TOOL_NOT_ALLOWED_THIS_TURN)
-
-
 def _check_principal(principal: str) -> None:
     if not isinstance(principal, str) or not principal:
         raise ValueError("principal must be the non-empty id of the authenticated caller")
-
-
-def describe(outcome: Outcome | ToolCallApproval) -> str:
-    """A one-line description for logs (no arguments: they may be sensitive)."""
-    if isinstance(outcome, ToolCallApproval):
-        return f"elicit {outcome.id} for call {outcome.call_id} ({outcome.name})"
-    if isinstance(outcome, Release):
-        return f"release call {outcome.call_id} via {outcome.via}"
-    if isinstance(outcome, Decline):
-        return f"decline call {outcome.call_id} ({outcome.cause})"
-    return json.dumps({"outcome": type(outcome).__name__, "elicitation_id": outcome.elicitation_id})

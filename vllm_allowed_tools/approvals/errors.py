@@ -21,6 +21,7 @@ __all__ = [
     "CODE_GRANT_STORE_UNAVAILABLE",
     "CODE_INVALID_ELICITATION",
     "CODE_INVALID_ELICITATION_RESPONSE",
+    "CODE_TOOL_NOT_ALLOWED_THIS_TURN",
     "CODE_UNKNOWN_ELICITATION",
     "CODE_UNKNOWN_ELICITATION_TYPE",
     "ApprovalInputError",
@@ -36,6 +37,9 @@ CODE_UNKNOWN_ELICITATION = "unknown_elicitation"  # no pending elicitation with 
 CODE_ELICITATION_MISMATCH = "elicitation_mismatch"  # the response names another call / digest
 CODE_ELICITATION_CONSUMED = "elicitation_consumed"  # already answered by another response (409)
 CODE_GRANT_STORE_UNAVAILABLE = "grant_store_unavailable"  # the grant store is down (503)
+#: An ``accept`` names a call this request could not have made (no tools, ``tool_choice: none``, an
+#: allowlist or named choice without the tool): 400, nothing consumed.
+CODE_TOOL_NOT_ALLOWED_THIS_TURN = "tool_not_allowed_this_turn"
 
 
 class ApprovalInputError(AllowedToolsError):
