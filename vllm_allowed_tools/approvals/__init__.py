@@ -56,7 +56,9 @@ from .items import (
     parse_input_items,
     register_elicitation_type,
 )
-from .policy import SCOPES, ApprovalPolicy, EffectiveApproval, approval_hint, load_policy
+from .hints import approval_hint
+from .policy import ApprovalPolicy, EffectiveApproval, load_policy
+from .scopes import SCOPES
 from .store import (
     ElicitationRecord,
     Grant,

@@ -54,7 +54,7 @@ from .errors import (
     CODE_UNKNOWN_ELICITATION_TYPE,
     ApprovalInputError,
 )
-from .policy import SCOPES
+from .scopes import SCOPES
 
 __all__ = [
     "ACTIONS",

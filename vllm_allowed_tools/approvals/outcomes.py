@@ -24,7 +24,7 @@ class ProposedCall:
     """One tool call a model produced, with the definition it was produced against.
 
     ``arguments`` is the JSON text exactly as the model emitted it (it is what a release hands on).
-    ``hint`` is the tool definition's ``approval`` object (:func:`~.policy.approval_hint`), and
+    ``hint`` is the tool definition's ``approval`` object (:func:`~.hints.approval_hint`), and
     ``hint_param`` where it sits in the request (for 400 messages).
     """
 

@@ -1,67 +1,9 @@
 """The operator's approval policy: which tools need a person's approval, for how long, at what scope.
 
-The operator names one file at launch (JSON, or TOML read with :mod:`tomllib`). Example (TOML)::
-
-    # unmatched tools: "none" (released without asking, the default) or "required"
-    default_approval = "none"
-    # seconds an elicitation stays answerable (default 900)
-    expires_in = 900
-
-    # seconds a minted grant lives, per scope (defaults: session 86400, always 2592000)
-    [grant_expires_in]
-    session = 86400
-    always = 2592000
-
-    [[rules]]                      # first matching rule wins
-    tools = ["crm__*", "send_email"]
-    approval = "required"
-    scopes = ["once", "session"]   # what the person may choose (default: all three)
-    expires_in = 300               # overrides the top-level value for these tools
-    bind_arguments = false         # true: session/always grants cover only identical arguments
-
-    [[rules]]
-    tools = ["get_*"]
-    approval = "none"
-
-The same structure as JSON: ``{"default_approval": "none", "rules": [{"tools": [...], ...}]}``.
-
-Decisions:
-
-* How a rule's ``tools`` globs (:func:`fnmatch.fnmatchcase`: ``*``, ``?``, ``[...]``; case-sensitive
-  on every OS) match a tool of **canonical identity** ``(namespace, name)``:
-
-  - every pattern is matched against the tool's **flat name** (``name``, or ``namespace__name`` for
-    a Responses namespace member, exactly what the model sees): ``crm__*`` is anything in namespace
-    ``crm``, ``mcp__computer_use`` the top-level tool of that name (names are never split on ``__``);
-  - a rule with ``approval = "required"`` whose pattern has no ``__`` also matches the **bare name**
-    of a tool in any namespace: ``send_email`` gates ``mail__send_email`` too, so a client cannot
-    dodge a rule by putting the tool in a namespace. A pattern with ``__`` names a namespace (or a
-    top-level name with ``__``) and matches only there;
-  - a rule with ``approval = "none"`` matches only flat names: it never lifts an approval from a
-    namespaced tool it does not name (``get_*`` frees top-level getters; write ``crm__get_*`` or
-    ``*__get_*`` to free namespaced ones).
-
-  So, compared with matching flat names alone, more calls can need approval, never fewer (when two
-  rules requiring approval match, the first in order decides scopes and expiry, as always).
-* Rules are checked **in order; the first rule whose globs match decides** (like a firewall), so an
-  operator can write exceptions before a catch-all. No rule matches: ``default_approval``, with the
-  top-level ``scopes`` / ``expires_in`` / ``bind_arguments``.
-* Unknown keys, wrong types, empty scope lists and non-positive durations are errors naming the
-  offending key (``rules[2].scopes[1]``), raised when the file is loaded: a typo in a security policy
-  must stop the server from starting, not be ignored.
-* A **tool definition may ask for approval too**, with an ``approval`` object next to its
-  ``parameters`` (see :func:`approval_hint`)::
-
-      {"type": "function", "name": "delete_repo", "parameters": {...},
-       "approval": {"required": true, "scopes": ["once"], "expires_in": 60, "bind_arguments": true}}
-
-  :meth:`ApprovalPolicy.effective` combines it with the operator's rule so that the client can only
-  **tighten**: ``required`` is OR-ed, ``scopes`` intersected, ``expires_in`` the minimum,
-  ``bind_arguments`` OR-ed. ``"required": false`` never lifts the operator's requirement. A hint
-  whose scopes share nothing with the operator's is refused (a 400 naming ``approval.scopes``): such
-  a call could never be approved. The glue checks every hint of a request when it arrives
-  (:func:`check_hints`), so a bad one is a 400 before generation, never a failure mid-response.
-* The ``session`` scope is only offered when the request has a session (see the engine).
+One file named at launch (TOML or JSON), validated whole when it is loaded, since a typo in a
+security policy must stop the server instead of being ignored. Rules match tool identities, first
+match wins; a tool definition's hint (:mod:`.hints`) may only tighten what a rule says. The file's
+format and matching rules are in ``docs/approvals.md``.
 """
 
 from __future__ import annotations
@@ -76,20 +18,16 @@ from typing import Any
 
 from ..request import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity
 from .errors import ApprovalInputError, PolicyFileError
+from .hints import parse_hint
+from .scopes import SCOPES, canonical_scopes
 
 __all__ = [
     "SCOPES",
     "ApprovalPolicy",
     "EffectiveApproval",
     "Rule",
-    "approval_hint",
-    "check_hints",
     "load_policy",
-    "parse_hint",
 ]
-
-#: Every approval scope, narrowest first. ``once`` mints no grant; the others do.
-SCOPES: tuple[str, ...] = ("once", "session", "always")
 
 DEFAULT_EXPIRES_IN = 900
 DEFAULT_GRANT_EXPIRES_IN: Mapping[str, int] = {"session": 86_400, "always": 30 * 86_400}
@@ -97,7 +35,6 @@ DEFAULT_GRANT_EXPIRES_IN: Mapping[str, int] = {"session": 86_400, "always": 30 *
 _TOP_KEYS = frozenset({"default_approval", "expires_in", "grant_expires_in", "scopes",
                        "bind_arguments", "rules"})
 _RULE_KEYS = frozenset({"tools", "approval", "scopes", "expires_in", "bind_arguments", "message"})
-_HINT_KEYS = frozenset({"required", "scopes", "expires_in", "bind_arguments"})
 _APPROVAL_VALUES = ("required", "none")
 
 
@@ -114,8 +51,9 @@ class Rule:
     index: int = 0
 
     def matches(self, tool: ToolIdentity | str) -> bool:
-        """Whether a pattern matches ``tool`` (see the module docstring). A plain string is a flat
-        name of unknown origin and is matched as a top-level name, as before identities existed."""
+        """Whether a pattern matches ``tool``: its flat name or, for a rule requiring approval and a
+        pattern without ``__``, the bare name of a namespaced tool. A plain string is a flat name
+        of unknown origin and is matched as a top-level name."""
         identity = tool if isinstance(tool, ToolIdentity) else ToolIdentity(None, tool)
         return any(self._pattern_matches(pattern, identity) for pattern in self.tools)
 
@@ -315,7 +253,7 @@ def _scopes(value: Any, key: str, origin: str) -> tuple[str, ...]:
         if scope not in SCOPES:
             raise _fail(origin, f"{key}[{i}]", f"{scope!r} is not a scope; expected one of "
                                                f"{list(SCOPES)}")
-    return tuple(s for s in SCOPES if s in value)  # canonical order, duplicates once
+    return canonical_scopes(value)
 
 
 def _approval(value: Any, key: str, origin: str) -> bool:
@@ -373,120 +311,3 @@ def _parse_policy(data: Any, origin: str) -> ApprovalPolicy:
             message=message, index=i))
     return ApprovalPolicy(rules=tuple(rules), default_required=default_required, scopes=scopes,
                           expires_in=expires_in, grant_expires_in=grant_ttl, bind_arguments=bind)
-
-
-# --------------------------------------------------------------------------------------------------
-# the tool definition's own approval request
-
-
-def approval_hint(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The ``approval`` object of one tool definition, or None.
-
-    Responses function tools and namespace members carry it at their top level; Chat tools inside
-    ``function`` (a top-level one is accepted too). Validation happens in
-    :meth:`ApprovalPolicy.effective` (or :func:`parse_hint`).
-    """
-    if not isinstance(tool, Mapping):
-        return None
-    if "approval" in tool:
-        return tool["approval"]
-    fn = tool.get("function")
-    if isinstance(fn, Mapping) and "approval" in fn:
-        return fn["approval"]
-    return None
-
-
-def parse_hint(hint: Any, *, param: str = "approval") -> dict[str, Any]:
-    """Validate a tool definition's ``approval`` object; errors name ``param`` plus the key."""
-    def bad(key: str, message: str) -> ApprovalInputError:
-        return ApprovalInputError(f"{key} {message}", param=key, code="invalid_approval_hint")
-
-    if not isinstance(hint, Mapping):
-        raise bad(param, "must be an object such as {\"required\": true, \"scopes\": [\"once\"]}.")
-    out: dict[str, Any] = {}
-    for key, value in hint.items():
-        where = f"{param}.{key}"
-        if key not in _HINT_KEYS:
-            raise bad(where, f"is not a known approval setting; expected one of {sorted(_HINT_KEYS)}.")
-        if key in ("required", "bind_arguments"):
-            if not isinstance(value, bool):
-                raise bad(where, f"must be true or false, got {json.dumps(value, default=repr)}.")
-        elif key == "scopes":
-            if not isinstance(value, list) or not value or any(s not in SCOPES for s in value):
-                raise bad(where, f"must be a non-empty list of scopes from {list(SCOPES)}.")
-            value = tuple(s for s in SCOPES if s in value)
-        elif key == "expires_in" and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value <= 0):
-            raise bad(where, "must be a positive whole number of seconds.")
-        out[key] = value
-    return out
-
-
-def check_hints(body: Mapping[str, Any], policy: ApprovalPolicy) -> None:
-    """Validate every tool definition's ``approval`` object in a request, before any generation.
-
-    Otherwise a hint is first read when the model calls its tool, in the middle of the response,
-    where a bad one can only become a 500 or a cut stream (and one on a tool never called is never
-    checked). Each hint is validated and combined with the operator's rule exactly as a call would
-    be (:meth:`ApprovalPolicy.effective`), so a malformed hint or one that could never be approved
-    raises :class:`ApprovalInputError` (400) whose ``param`` names it: ``tools[1].approval.scopes``
-    (a Responses function tool, or a Chat tool's top level), ``tools[0].function.approval`` (Chat),
-    ``tools[2].tools[0].approval`` (a Responses namespace member). ``"approval": null`` is no hint.
-    An ``approval`` object where nothing reads it (on a namespace itself, on a non-function tool)
-    or given twice for one Chat tool is refused too: the client asked for something that would
-    silently not happen.
-    """
-    tools = body.get("tools")
-    if not isinstance(tools, list):
-        return
-    for index, tool in enumerate(tools):
-        for identity, hint, param in _hints_of(tool, f"tools[{index}]"):
-            if identity is None:   # no usable name: the request fails elsewhere; check the shape
-                parse_hint(hint, param=param)
-            else:
-                policy.effective(identity, hint, hint_param=param)
-
-
-def _hints_of(tool: Any, where: str) -> list[tuple[ToolIdentity | None, Any, str]]:
-    """(identity, hint, param) for each ``approval`` object that one ``tools[i]`` entry carries."""
-    if not isinstance(tool, Mapping):
-        return []
-    kind = tool.get("type", "function")
-    if kind == "namespace":
-        _refuse_unread_hint(tool, where, "a namespace carries none; put it on each member "
-                                         f"({where}.tools[j].approval)")
-        namespace = tool.get("name") if isinstance(tool.get("name"), str) else None
-        members = tool.get("tools") if isinstance(tool.get("tools"), list) else []
-        return [(_member_identity(namespace, member), member["approval"],
-                 f"{where}.tools[{j}].approval")
-                for j, member in enumerate(members)
-                if isinstance(member, Mapping) and member.get("approval") is not None]
-    if kind != "function":
-        _refuse_unread_hint(tool, where, f"only function tools carry one, not type {kind!r}")
-        return []
-    fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else {}
-    found = [(hint, param) for hint, param in ((tool.get("approval"), f"{where}.approval"),
-                                               (fn.get("approval"), f"{where}.function.approval"))
-             if hint is not None]
-    if len(found) > 1:
-        raise ApprovalInputError(
-            f"{where} carries two approval objects ({where}.approval and "
-            f"{where}.function.approval); keep one (Chat Completions: inside `function`).",
-            param=f"{where}.approval", code="invalid_approval_hint")
-    name = tool.get("name", fn.get("name"))
-    identity = ToolIdentity(None, name) if isinstance(name, str) and name else None
-    return [(identity, hint, param) for hint, param in found]
-
-
-def _member_identity(namespace: str | None, member: Mapping[str, Any]) -> ToolIdentity | None:
-    name = member.get("name")
-    if namespace and isinstance(name, str) and name:
-        return ToolIdentity(namespace, name)
-    return None
-
-
-def _refuse_unread_hint(tool: Mapping[str, Any], where: str, why: str) -> None:
-    """An ``approval`` object nothing would read: refuse it instead of silently ignoring it."""
-    if tool.get("approval") is not None:
-        raise ApprovalInputError(f"{where}.approval is not read here: {why}.",
-                                 param=f"{where}.approval", code="invalid_approval_hint")

@@ -61,7 +61,7 @@ from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Re
     function_call_ids
 from .errors import ApprovalInputError
 from .items import ToolCallApproval, parse_input_items
-from .policy import approval_hint
+from .hints import approval_hint
 
 ANONYMOUS = "anonymous"
 

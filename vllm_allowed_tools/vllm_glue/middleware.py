@@ -456,7 +456,7 @@ class AllowedToolsMiddleware:
     def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api, render: bool):
         """(rewritten request, the response-side approvals or None, calls to release directly).
         A render request never reaches the grant store: it cannot answer an elicitation."""
-        from ..approvals.policy import check_hints
+        from ..approvals.hints import check_hints
         from ..approvals.wire import (
             ResponseApprovals,
             prepare_request,
