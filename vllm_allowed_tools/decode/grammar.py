@@ -1,18 +1,9 @@
 """The allowed-subset grammar: (policy, wire format) -> an xgrammar structural tag, built as data.
 
-One builder for every wire format our parsers cover, used by both constraint stages (vLLM's native
-structured outputs and our logits-processor stage) and by the offline helper, so the two stages can
-never disagree about what a turn may emit. No vLLM imports.
-
-* ``required``: only allowed calls, at least one, nothing around them;
-* ``auto``: free text, and after a call trigger only allowed names (formats whose calls have a
-  trigger); formats without one (``mistral``, ``pythonic``) get no grammar in auto mode and rely on
-  output filtering and the guard, exactly as on the native path;
-* ``parallel_tool_calls: false`` stops after the first call.
-
-Building a tag for a 128-tool catalog costs more than a decode step, and agent clients repeat the
-same (catalog, subset) turn after turn, so :func:`allowed_subset_tag` caches the built tag under a
-:class:`GrammarKey` made of the policy digests.
+One builder for every registered wire format (:mod:`vllm_allowed_tools.formats`), used by both
+constraint stages and by the offline helper, so they never disagree about what a turn may emit. Tags
+are cached under the policy digests: building one for a large catalog costs more than a decode step,
+and agent clients repeat the same turn. What each mode admits: docs/decode-path.md. No vLLM imports.
 """
 
 from __future__ import annotations
@@ -30,9 +21,10 @@ from xgrammar.structural_tag import (
     JSONSchemaFormat,
     TagFormat,
     TagsWithSeparatorFormat,
-    TokenTriggeredTagsFormat,
     TriggeredTagsFormat,
 )
+
+from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
 
 Mode = Literal["auto", "required"]
 
@@ -40,12 +32,6 @@ Mode = Literal["auto", "required"]
 #: call envelope (names) for every tool, PARAMETER also pins every tool's argument schema
 STRICT_FUNCTION = 1
 STRICT_PARAMETER = 2
-
-#: wire format -> the xgrammar builtin template that matches vLLM's parser of that name
-_XGRAMMAR_BUILTINS = {"llama3_json": "llama", "qwen3_coder": "qwen_3_coder"}
-#: formats whose parser reads a JSON array in required mode (vLLM's JSON-schema fallback)
-_JSON_ARRAY_FORMATS = frozenset({"mistral", "pythonic"})
-WIRE_FORMATS = frozenset({"hermes", *_XGRAMMAR_BUILTINS, *_JSON_ARRAY_FORMATS})
 
 
 @dataclass(frozen=True)
@@ -79,6 +65,16 @@ class BuiltTag:
     digest: str
 
 
+@dataclass(frozen=True)
+class _Turn:
+    """What one build needs besides the format: the allowed functions and the turn's options."""
+    functions: Sequence[AllowedFunction]
+    mode: Mode
+    parallel: bool
+    strict_level: int
+    max_whitespace: int | None
+
+
 def _arguments_schema(function: AllowedFunction, strict_level: int) -> Mapping[str, Any] | bool:
     """Pinned schema for strict tools (or every tool at PARAMETER), any JSON object otherwise."""
     if function.strict is True or strict_level >= STRICT_PARAMETER:
@@ -86,100 +82,71 @@ def _arguments_schema(function: AllowedFunction, strict_level: int) -> Mapping[s
     return True
 
 
-def _hermes(functions: Sequence[AllowedFunction], mode: Mode, parallel: bool,
-            strict_level: int) -> StructuralTag:
-    """``<tool_call>{"name": ..., "arguments": ...}</tool_call>``, with or without newlines."""
-    tags = [TagFormat(begin=f'{start}{{"name": "{function.name}", "arguments": ',
-                      content=JSONSchemaFormat(json_schema=_arguments_schema(function, strict_level)),
-                      end=end)
-            for function in functions
-            for start, end in (("<tool_call>\n", "}\n</tool_call>"), ("<tool_call>", "}</tool_call>"))]
-    if mode == "auto":
-        return StructuralTag(format=TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags,
-                                                        stop_after_first=not parallel))
+def _tags(spec: GrammarSpec, turn: _Turn) -> StructuralTag:
+    """Calls written as the format's call shapes; in auto mode free text until ``spec.trigger``."""
+    tags = [TagFormat(begin=shape.begin.replace(NAME_PLACEHOLDER, function.name),
+                      content=JSONSchemaFormat(json_schema=_arguments_schema(function, turn.strict_level),
+                                               style=spec.argument_style,
+                                               max_whitespace_cnt=turn.max_whitespace),
+                      end=shape.end)
+            for function in turn.functions for shape in spec.calls]
+    if turn.mode == "auto":
+        return StructuralTag(format=TriggeredTagsFormat(triggers=[spec.trigger], tags=tags,
+                                                        stop_after_first=not turn.parallel))
     return StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator="", at_least_one=True,
-                                                        stop_after_first=not parallel))
+                                                        stop_after_first=not turn.parallel))
 
 
-def _xgrammar_builtin(template: str, functions: Sequence[AllowedFunction], mode: Mode,
-                      parallel: bool, strict_level: int) -> StructuralTag:
+def _xgrammar_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag:
+    """xgrammar's own template for the format, given only the allowed functions."""
     tools = [{"type": "function", "function": {
         "name": function.name,
         "parameters": function.parameters if function.parameters is not None else {},
-        "strict": function.strict is True or strict_level >= STRICT_PARAMETER}}
-        for function in functions]
-    tag = xgrammar_model_tag(template, tools=tools, tool_choice=mode, reasoning=False)
-    if not parallel:
-        _stop_after_first_call(tag.format)
-    return tag
+        "strict": function.strict is True or turn.strict_level >= STRICT_PARAMETER}}
+        for function in turn.functions]
+    return xgrammar_model_tag(spec.xgrammar_model, tools=tools, tool_choice=turn.mode, reasoning=False,
+                              parallel_tool_calls=turn.parallel, max_whitespace_cnt=turn.max_whitespace)
 
 
-def _stop_after_first_call(node: Any) -> None:
-    """Stop every tool-call list in ``node`` after its first call, in place (the call lists repeat
-    calls, never arguments, in every template we build on)."""
-    if isinstance(node, (TriggeredTagsFormat, TagsWithSeparatorFormat, TokenTriggeredTagsFormat)):
-        node.stop_after_first = True
-    if hasattr(type(node), "model_fields"):
-        for name in type(node).model_fields:
-            _stop_after_first_call(getattr(node, name))
-    elif isinstance(node, (list, tuple)):
-        for item in node:
-            _stop_after_first_call(item)
-
-
-def _json_array(functions: Sequence[AllowedFunction], mode: Mode, parallel: bool,
-                strict_level: int) -> StructuralTag | None:
+def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
     """Required mode: a JSON array of ``{"name", "arguments"}`` calls (what vLLM's serving layer
     parses for these formats); auto mode has no trigger to hang a grammar on."""
-    if mode == "auto":
+    if turn.mode == "auto":
         return None
     calls = [{"type": "object", "properties": {
         "name": {"type": "string", "enum": [function.name]},
-        "arguments": (_arguments_schema(function, strict_level)
-                      if _arguments_schema(function, strict_level) is not True else {"type": "object"})},
-        "required": ["name", "arguments"]} for function in functions]
+        "arguments": (_arguments_schema(function, turn.strict_level)
+                      if _arguments_schema(function, turn.strict_level) is not True else {"type": "object"})},
+        "required": ["name", "arguments"]} for function in turn.functions]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-    if not parallel:
+    if not turn.parallel:
         schema["maxItems"] = 1
-    return StructuralTag(format=JSONSchemaFormat(json_schema=schema))
+    return StructuralTag(format=JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=turn.max_whitespace))
 
 
-def cap_json_whitespace(node: Any, limit: int) -> None:
-    """Bound the whitespace between JSON tokens in every argument grammar of ``node``, in place."""
-    if isinstance(node, JSONSchemaFormat):
-        node.max_whitespace_cnt = limit
-    elif hasattr(type(node), "model_fields"):
-        for name in type(node).model_fields:
-            cap_json_whitespace(getattr(node, name), limit)
-    elif isinstance(node, (list, tuple)):
-        for item in node:
-            cap_json_whitespace(item, limit)
+def _code(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
+    return spec.builder(turn.functions, turn.mode, turn.parallel, turn.strict_level, turn.max_whitespace)
 
 
-def build_structural_tag(wire_format: str, functions: Sequence[AllowedFunction], mode: Mode, *,
+_BUILDERS: dict[str, Callable[[GrammarSpec, _Turn], StructuralTag | None]] = {
+    "tags": _tags, "xgrammar": _xgrammar_builtin, "json_array": _json_array, "code": _code}
+
+
+def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunction], mode: Mode, *,
                          parallel_tool_calls: bool = True, strict_level: int = STRICT_FUNCTION,
                          max_whitespace: int | None = None) -> StructuralTag | None:
     """The grammar for one turn: only ``functions`` (the allowed ones, in catalog order) may be
     called. ``None`` where the format has nothing to constrain in that mode (auto mode of
     trigger-less formats)."""
-    if wire_format not in WIRE_FORMATS:
-        raise ValueError(f"unknown wire format {wire_format!r}; expected one of "
-                         f"{', '.join(sorted(WIRE_FORMATS))}")
+    spec = wire_format(wire_format_name).grammar
     if mode not in ("auto", "required"):
         raise ValueError(f"mode must be 'auto' or 'required', got {mode!r}")
     if not functions:
         raise ValueError("an allowed subset is never empty (the policy resolver refuses that)")
-    strict_level = max(strict_level, STRICT_FUNCTION)   # the allowlist is a contract, not a hint
-    if wire_format == "hermes":
-        tag = _hermes(functions, mode, parallel_tool_calls, strict_level)
-    elif wire_format in _XGRAMMAR_BUILTINS:
-        tag = _xgrammar_builtin(_XGRAMMAR_BUILTINS[wire_format], functions, mode,
-                                parallel_tool_calls, strict_level)
-    else:
-        tag = _json_array(functions, mode, parallel_tool_calls, strict_level)
-    if tag is not None and max_whitespace is not None:
-        cap_json_whitespace(tag, max(1, max_whitespace))   # xgrammar needs at least 1
-    return tag
+    turn = _Turn(functions=functions, mode=mode, parallel=parallel_tool_calls,
+                 strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
+                 max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
+    return _BUILDERS[spec.kind](spec, turn)
 
 
 def tag_digest(tag_json: str) -> str:

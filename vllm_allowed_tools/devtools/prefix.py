@@ -36,6 +36,7 @@ from typing import Any
 
 import jinja2
 
+from ..formats import wire_formats
 from .render import render_chat
 
 __all__ = [
@@ -50,13 +51,8 @@ __all__ = [
 ]
 
 #: the text every bundled template's policy block starts with, by template name
-POLICY_BLOCK_MARKERS: dict[str, str] = {
-    "hermes": "<|im_start|>system\nAllowed tools this turn (",
-    "qwen3_coder": "<|im_start|>system\nAllowed tools this turn (",
-    "llama3_json": "<|start_header_id|>system<|end_header_id|>\n\nAllowed tools this turn (",
-    "pythonic": "<|start_header_id|>system<|end_header_id|>\n\nAllowed tools this turn (",
-    "mistral": "[SYSTEM_PROMPT]Allowed tools this turn (",
-}
+POLICY_BLOCK_MARKERS: dict[str, str] = {entry.template: entry.policy_block_marker
+                                        for entry in wire_formats()}
 
 
 def policy_block_offset(rendered: str, template: str | None = None) -> int | None:

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..decode.constraint import STAGE_NATIVE, choose_stage, requested_stage
+from ..decode.stage import STAGE_NATIVE, choose_stage, requested_stage
 from ..errors import CapabilityError
-from .plugin import PARSERS
+from .plugin import parser_names
 
 #: parser names (comma-separated) the operator vouches for: their own subclasses of our
 #: ``AllowedToolsMixin`` wrappers, loaded with ``--tool-parser-plugin``
@@ -159,10 +159,11 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
                                   constraint_stage=STAGE_NATIVE)
     parser = _flag_value(argv, "--tool-call-parser")
     vouched = {name.strip() for name in environ.get(EXTRA_PARSERS_ENV, "").split(",") if name.strip()}
-    if parser is not None and parser not in PARSERS and parser not in vouched:
+    ours = parser_names()
+    if parser is not None and parser not in ours and parser not in vouched:
         raise CapabilityError(
             f"--tool-call-parser {parser} cannot enforce allowed_tools: use one of our wrappers "
-            f"({', '.join(sorted(PARSERS))}), e.g. --tool-call-parser allowed_{parser} if it exists",
+            f"({', '.join(sorted(ours))}), e.g. --tool-call-parser allowed_{parser} if it exists",
             capability="tool_parser", status=500)
     backend = structured_output_backend(argv)
     on_cpu = _on_cpu(environ)

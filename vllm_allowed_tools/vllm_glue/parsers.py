@@ -1,39 +1,10 @@
 """``allowed_<base>`` tool parsers: vLLM's built-in parsers under the turn's allowed-tools policy.
 
-One small subclass per wire format, made by :func:`wrap_parser` from :class:`AllowedToolsMixin`.
-Without a policy on the request (plain ``none`` / ``auto`` / ``required`` / named) every method is
-the base parser's own, so those choices behave exactly as vanilla vLLM. With a policy (carried by the
-middleware in ``request.model_extra``) the wrapper:
-
-* compiles the structural tag from the **allowed** schemas only (required: only allowed calls, at
-  least one, no text around them; auto: free text, and after a call trigger only allowed names),
-  enforcing at least the call envelope whatever ``--tool-strict-level`` says, because the allowlist
-  is a contract, not a hint; ``parallel_tool_calls: false`` stops after the first call;
-* for parsers without a structural-tag model, builds vLLM's JSON-schema fallback from the allowed
-  subset only (required mode; auto mode relies on output filtering);
-* drops any parsed call outside the allowlist, unary and streaming (defense in depth), counting it as
-  a ``parser`` violation;
-* never returns call markup as text (:data:`CALL_TRIGGERS`, :meth:`AllowedToolsMixin.extract_tool_calls`).
-
-No call markup as text
-    A call the base parser could not parse, above all one cut off by ``max_tokens`` /
-    ``max_output_tokens``, comes back from vLLM's parsers as message text (``<tool_call>{"name": ...``),
-    where no guard looks: a ``required`` turn would end with no call and the call's markup, name and
-    arguments in the text. With a policy our grammar makes every call trigger the start of a call
-    (required mode: the output starts with a call; auto mode: after the trigger only an allowed
-    call), so text from the first trigger on is always part of a call, never prose. The wrapper
-    therefore returns no text from the first trigger (or a trailing piece of one) onwards; unary, the
-    complete calls before a cut-off one are kept (re-parsed without it); streaming, content is
-    withheld from the trigger on. In required mode of the formats whose calls are a bare JSON array
-    (``mistral``, ``pythonic``: no trigger) the whole output is the call, so no text is returned at
-    all. The response's own end is vLLM's: ``finish_reason: "length"`` (Chat) and ``status:
-    "incomplete"`` with ``incomplete_details.reason: "max_output_tokens"`` (Responses) when the
-    token limit cut it. ``pythonic`` in auto mode has no trigger and no grammar: its text is left as
-    is. A cut-off call that a base parser does return as a call (vLLM's qwen3 parser does once the
-    name is complete, with the arguments it has; every parser streams a call's name and argument
-    pieces as they come) is a call, and the guard judges it like any other. Requests without a
-    policy keep the base parser's behaviour. Why this is here and not a text check in the output
-    guard: see the guard module's docstring.
+One subclass per registered wire format (:mod:`vllm_allowed_tools.formats`), built on first use from
+:class:`AllowedToolsMixin`. Without a policy on the request every method is the base parser's own, so
+plain tool choices behave exactly as vanilla vLLM. With one, the wrapper constrains decoding to the
+allowed subset, drops any parsed call outside it, and never returns call markup as text; why and how:
+docs/decode-path.md.
 """
 
 from __future__ import annotations
@@ -41,27 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from os.path import commonprefix
 from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
 
-from ..decode.constraint import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
+from ..decode.stage import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
+from ..decode.grammar import AllowedFunction, BuiltTag, built, tag_digest, turn_tag
 from ..errors import CapabilityError
-from ..decode.grammar import (
-    WIRE_FORMATS,
-    AllowedFunction,
-    BuiltTag,
-    built,
-    cap_json_whitespace,
-    tag_digest,
-    turn_tag,
-)
+from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import POLICY_KEY, WireAllowlist
 from .capabilities import active_constraint_stage
-from .plugin import PARSERS
 
 try:  # vLLM 0.32 / 0.33
     from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
@@ -76,19 +40,6 @@ logger = logging.getLogger(__name__)
 
 #: operator knob: the most whitespace characters allowed between JSON tokens in argument grammars
 MAX_WHITESPACE_ENV = "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"
-
-
-#: wire format -> the texts that start a call in its output (the base parser's own markers and our
-#: grammar's triggers, see grammar.py); with a policy, text from the first one on is never prose
-CALL_TRIGGERS: dict[str, tuple[str, ...]] = {
-    "hermes": ("<tool_call>",),
-    "qwen3_coder": ("<tool_call>",),
-    "llama3_json": ("<|python_tag|>", '{"name": '),
-    "mistral": ("[TOOL_CALLS]",),
-    "pythonic": (),
-}
-#: formats whose required-mode output is a bare JSON array of calls: all of it is call
-_ARRAY_REQUIRED = frozenset({"mistral", "pythonic"})
 
 
 def call_start(text: str, triggers: Sequence[str]) -> int | None:
@@ -106,12 +57,6 @@ def request_allowlist(request: Any) -> WireAllowlist | None:
     """The turn's policy, as the middleware attached it (None: a plain request)."""
     extra = getattr(request, "model_extra", None) or {}
     return WireAllowlist.from_wire(extra.get(POLICY_KEY))
-
-
-def _allowed_tool_choice(policy: WireAllowlist):
-    from openai.types.responses import ToolChoiceAllowed
-    return ToolChoiceAllowed(type="allowed_tools", mode=policy.mode,
-                             tools=[{"type": "function", "name": name} for name in sorted(policy.allowed)])
 
 
 def _tool_name(tool: Any) -> str | None:
@@ -138,16 +83,9 @@ class AllowedToolsMixin:
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
         if self.structural_tag_model is None:
             return None
-        if self.allowed_tools_base_parser in WIRE_FORMATS:
-            subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
-                                             max(strict_level, ToolStrictLevel.FUNCTION))
-            return subset_tag.tag if subset_tag is not None else None
-        from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag
-        tag = get_model_structural_tag(
-            model=self.structural_tag_model, tools=request.tools,
-            tool_choice=_allowed_tool_choice(policy), reasoning=reasoning,
-            strict_level=max(strict_level, ToolStrictLevel.FUNCTION))
-        return _cap_whitespace(tag) if tag is not None else None
+        subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
+                                         max(strict_level, ToolStrictLevel.FUNCTION))
+        return subset_tag.tag if subset_tag is not None else None
 
     def adjust_request(self, request):
         policy = request_allowlist(request)
@@ -200,11 +138,12 @@ class AllowedToolsMixin:
 
     # ---------------------------------------------------------------- no call markup as text
     def _call_triggers(self) -> tuple[str, ...]:
-        return CALL_TRIGGERS.get(self.allowed_tools_base_parser, ())
+        return wire_format(self.allowed_tools_base_parser).call_triggers
 
     def _all_call(self, policy: WireAllowlist) -> bool:
         """The whole output is call (required mode of a bare-JSON-array format)."""
-        return policy.mode == "required" and self.allowed_tools_base_parser in _ARRAY_REQUIRED
+        return policy.mode == "required" and \
+            wire_format(self.allowed_tools_base_parser).required_output_is_all_call
 
     def _text_before_calls(self, content: str | None, raw: str, policy: WireAllowlist) -> str | None:
         """The ``content`` the base parser made of ``raw``, without anything from the first call
@@ -403,24 +342,31 @@ def _max_json_whitespace() -> int | None:
                               status=500) from None
 
 
-def _cap_whitespace(tag):
-    """Bound JSON whitespace in argument grammars when the operator asks (random-weight models pad
-    JSON with whitespace until max_tokens; real models rarely need more than a little)."""
-    limit = _max_json_whitespace()
-    if limit is not None:
-        cap_json_whitespace(tag, limit)
-    return tag
+_CLASSES_LOCK = threading.Lock()
 
 
-def wrap_parser(base_name: str, class_name: str) -> type:
-    """A subclass of vLLM's ``base_name`` parser that applies the allowed-tools policy."""
-    base = ToolParserManager.get_tool_parser(base_name)
-    return type(class_name, (AllowedToolsMixin, base), {
-        "__doc__": f"vLLM's {base_name!r} tool parser under the allowed-tools policy.",
-        "__module__": __name__,
-        "allowed_tools_base_parser": base_name,
-    })
+def parser_class(entry: WireFormat) -> type:
+    """Our wrapper of vLLM's parser for ``entry``, built (importing the base parser) on first use."""
+    with _CLASSES_LOCK:
+        existing = globals().get(entry.parser_class_name)
+        if existing is not None:
+            return existing
+        base = ToolParserManager.get_tool_parser(entry.name)
+        cls = type(entry.parser_class_name, (AllowedToolsMixin, base), {
+            "__doc__": f"vLLM's {entry.name!r} tool parser under the allowed-tools policy.",
+            "__module__": __name__,
+            "allowed_tools_base_parser": entry.name,
+        })
+        globals()[entry.parser_class_name] = cls
+        return cls
 
 
-for _name, _class_name in PARSERS.items():
-    globals()[_class_name] = wrap_parser(_name.removeprefix("allowed_"), _class_name)
+def __getattr__(name: str) -> Any:
+    """vLLM's lazy registration imports this module and asks for a class by name: build only that
+    one. ``CALL_TRIGGERS`` is each format's call triggers, by format name."""
+    if name == "CALL_TRIGGERS":
+        return {entry.name: entry.call_triggers for entry in wire_formats()}
+    for entry in wire_formats():
+        if entry.parser_class_name == name:
+            return parser_class(entry)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

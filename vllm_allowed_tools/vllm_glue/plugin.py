@@ -9,33 +9,31 @@ from __future__ import annotations
 
 import logging
 
+from ..formats import wire_formats
+
 logger = logging.getLogger(__name__)
 
-#: our parser name -> class name in :mod:`vllm_allowed_tools.vllm_glue.parsers`
-PARSERS: dict[str, str] = {
-    "allowed_hermes": "AllowedHermesToolParser",
-    "allowed_llama3_json": "AllowedLlama3JsonToolParser",
-    "allowed_qwen3_coder": "AllowedQwen3CoderToolParser",
-    "allowed_mistral": "AllowedMistralToolParser",
-    "allowed_pythonic": "AllowedPythonicToolParser",
-}
 PARSERS_MODULE = "vllm_allowed_tools.vllm_glue.parsers"
 
-_registered = False
+
+def parser_names() -> list[str]:
+    """Our parser names (``allowed_<base>``), one per registered wire format."""
+    return [entry.parser_name for entry in wire_formats()]
 
 
 def register() -> None:
-    """Register the ``allowed_<base>`` tool parsers with vLLM (lazily, once per process)."""
-    global _registered
-    if _registered:
-        return
+    """Register an ``allowed_<base>`` tool parser per wire format with vLLM, lazily (the class is
+    built when vLLM first asks for it). Formats registered since the last call are added."""
     try:
         from vllm.tool_parsers import ToolParserManager
     except ImportError:  # pragma: no cover - vLLM too old or absent
         logger.warning("vllm-allowed-tools: vllm.tool_parsers not importable; parsers not registered")
         return
-    for name, class_name in PARSERS.items():
+    added = []
+    for entry in wire_formats():
+        name = entry.parser_name
         if name not in ToolParserManager.lazy_parsers and name not in ToolParserManager.tool_parsers:
-            ToolParserManager.register_lazy_module(name, PARSERS_MODULE, class_name)
-    _registered = True
-    logger.debug("vllm-allowed-tools: registered parsers %s", ", ".join(PARSERS))
+            ToolParserManager.register_lazy_module(name, PARSERS_MODULE, entry.parser_class_name)
+            added.append(name)
+    if added:
+        logger.debug("vllm-allowed-tools: registered parsers %s", ", ".join(added))

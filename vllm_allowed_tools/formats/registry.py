@@ -1,0 +1,137 @@
+"""The wire-format registry: every fact about one tool-call wire format, in one typed entry.
+
+The parser wrappers, the grammar builder, the test server's template choice and the prefix report
+all read a format's facts from here, so adding a format is one entry: a data file in
+``vllm_allowed_tools/grammars/`` or :func:`register_wire_format` from code (docs/decode-path.md).
+No vLLM or xgrammar imports: the devtools read it too.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..grammars import GRAMMAR_DIR
+
+GrammarKind = Literal["tags", "xgrammar", "json_array", "code"]
+GRAMMAR_KINDS: tuple[str, ...] = ("tags", "xgrammar", "json_array", "code")
+#: where a call shape's ``begin`` puts the function's name
+NAME_PLACEHOLDER = "{name}"
+
+
+@dataclass(frozen=True)
+class CallShape:
+    """One way a call is written: ``begin`` (with :data:`NAME_PLACEHOLDER`), the arguments, ``end``."""
+    begin: str
+    end: str
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """How the allowed-subset grammar is built for a format.
+
+    ``tags``: calls as ``calls`` shapes, after ``trigger`` in auto mode; ``xgrammar``: xgrammar's
+    builtin template ``xgrammar_model``; ``json_array``: a JSON array of calls in required mode, no
+    grammar in auto mode; ``code``: ``builder(functions, mode, parallel_tool_calls, strict_level,
+    max_whitespace)`` returns the tag (or None)."""
+    kind: GrammarKind
+    trigger: str | None = None
+    calls: tuple[CallShape, ...] = ()
+    argument_style: str = "json"
+    xgrammar_model: str | None = None
+    builder: Callable[..., Any] | None = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """A tool-call wire format: ``name`` is vLLM's parser for it, ``allowed_<name>`` ours."""
+    name: str
+    base_parser_class: str
+    template: str
+    policy_block_marker: str
+    call_triggers: tuple[str, ...]
+    grammar: GrammarSpec
+
+    @property
+    def parser_name(self) -> str:
+        return f"allowed_{self.name}"
+
+    @property
+    def parser_class_name(self) -> str:
+        return "Allowed" + "".join(part.capitalize() for part in self.name.split("_")) + "ToolParser"
+
+    @property
+    def required_output_is_all_call(self) -> bool:
+        """Required mode's output is a bare JSON array of calls: all of it is call, none is text."""
+        return self.grammar.kind == "json_array"
+
+
+_FORMATS: dict[str, WireFormat] = {}
+_LOCK = threading.Lock()
+
+
+def register_wire_format(entry: WireFormat, *, replace: bool = False) -> WireFormat:
+    """Add ``entry`` to the registry (``replace`` to redefine one); returns it."""
+    _check(entry)
+    with _LOCK:
+        if entry.name in _FORMATS and not replace and _FORMATS[entry.name] != entry:
+            raise ValueError(f"wire format {entry.name!r} is already registered; pass replace=True "
+                             "to redefine it")
+        _FORMATS[entry.name] = entry
+    return entry
+
+
+def wire_format(name: str) -> WireFormat:
+    """The format called ``name`` (vLLM's parser name, or ours: ``allowed_<name>``)."""
+    entry = _FORMATS.get(name) or _FORMATS.get(name.removeprefix("allowed_"))
+    if entry is None:
+        raise ValueError(f"unknown wire format {name!r}; expected one of "
+                         f"{', '.join(sorted(_FORMATS))} (or register it: docs/decode-path.md)")
+    return entry
+
+
+def wire_formats() -> tuple[WireFormat, ...]:
+    """Every registered format, by name."""
+    with _LOCK:
+        return tuple(_FORMATS[name] for name in sorted(_FORMATS))
+
+
+def _check(entry: WireFormat) -> None:
+    spec = entry.grammar
+    problems = []
+    if spec.kind not in GRAMMAR_KINDS:
+        problems.append(f"grammar kind {spec.kind!r} is not one of {', '.join(GRAMMAR_KINDS)}")
+    if spec.kind == "tags" and (not spec.trigger or not spec.calls
+                                or any(NAME_PLACEHOLDER not in call.begin for call in spec.calls)):
+        problems.append(f"a 'tags' grammar needs a trigger and calls whose begin holds {NAME_PLACEHOLDER}")
+    if spec.kind == "xgrammar" and not spec.xgrammar_model:
+        problems.append("an 'xgrammar' grammar needs xgrammar_model (an xgrammar builtin template)")
+    if spec.kind == "code" and not callable(spec.builder):
+        problems.append("a 'code' grammar needs a builder function")
+    if problems:
+        raise ValueError(f"wire format {entry.name!r}: " + "; ".join(problems))
+
+
+def format_from_data(data: Mapping[str, Any], source: str = "data") -> WireFormat:
+    """A :class:`WireFormat` from one data file's JSON (docs/decode-path.md, "Data files")."""
+    try:
+        grammar = dict(data["grammar"])
+        calls = tuple(CallShape(call["begin"], call["end"]) for call in grammar.pop("calls", ()))
+        return WireFormat(name=data["name"], base_parser_class=data["base_parser_class"],
+                          template=data["template"], policy_block_marker=data["policy_block_marker"],
+                          call_triggers=tuple(data["call_triggers"]),
+                          grammar=GrammarSpec(calls=calls, **grammar))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{source}: not a wire-format file ({exc!s}); see docs/decode-path.md for "
+                         "the keys each file needs") from None
+
+
+def load_data_files(folder: Path = GRAMMAR_DIR) -> list[WireFormat]:
+    """Register every ``*.json`` format file in ``folder``; returns what was registered."""
+    return [register_wire_format(format_from_data(json.loads(path.read_text(encoding="utf-8")),
+                                                  source=str(path)))
+            for path in sorted(folder.glob("*.json"))]
