@@ -21,15 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Sequence
 
+from ..formats import wire_format, wire_formats
 from ..templates import template_path
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 32768   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
 #: the bundled chat template each of our parsers is served with (falls back to hermes)
-TEMPLATE_FOR_PARSER = {"allowed_hermes": "hermes", "allowed_llama3_json": "llama3_json",
-                       "allowed_qwen3_coder": "qwen3_coder", "allowed_mistral": "mistral",
-                       "allowed_pythonic": "pythonic"}
+TEMPLATE_FOR_PARSER = {entry.parser_name: entry.template for entry in wire_formats()}
 MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
 
 
@@ -110,10 +109,10 @@ def preflight() -> None:
 
 
 def template_for_parser(parser: str) -> Path:
+    """The bundled template ``parser`` (ours or its base's name) is served with; hermes otherwise."""
     try:
-        return template_path(TEMPLATE_FOR_PARSER.get(parser, TEMPLATE_FOR_PARSER.get(f"allowed_{parser}",
-                                                                                "hermes")))
-    except FileNotFoundError:
+        return template_path(wire_format(parser).template)
+    except (ValueError, FileNotFoundError):
         return template_path("hermes")
 
 
