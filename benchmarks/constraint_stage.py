@@ -30,12 +30,8 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from vllm_allowed_tools.decode.constraint import (
-    CompiledGrammars,
-    MaskedBatch,
-    constraint_extra_args,
-    read_extra_args,
-)
+from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
+from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
 from vllm_allowed_tools.decode.grammar import (
     AllowedFunction,
     GrammarKey,

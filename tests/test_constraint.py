@@ -19,12 +19,11 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 torch = pytest.importorskip("torch")
 xgr = pytest.importorskip("xgrammar")
 
-from vllm_allowed_tools.decode.constraint import (
+from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
+from vllm_allowed_tools.decode.stage import (
     XARGS_DIGEST,
     XARGS_TAG,
-    CompiledGrammars,
     ConstraintArgsError,
-    MaskedBatch,
     choose_stage,
     constraint_extra_args,
     read_extra_args,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
-from ..decode.constraint import XARGS_KEYS
+from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, resolve_allowlist
 from .typed_fields import normalise_fields
 

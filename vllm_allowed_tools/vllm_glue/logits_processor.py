@@ -20,12 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from ..decode.constraint import (
-    CompiledGrammars,
-    ConstraintArgsError,
-    MaskedBatch,
-    read_extra_args,
-)
+from ..decode.masks import CompiledGrammars, MaskedBatch
+from ..decode.stage import ConstraintArgsError, read_extra_args
 
 try:  # Model Runner V2 (vLLM 0.32+): see the module docstring
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor

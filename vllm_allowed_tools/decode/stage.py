@@ -1,0 +1,115 @@
+"""Which constraint stage serves the allowed-tools grammar, and how a request carries its grammar to
+the logits-processor stage (``SamplingParams.extra_args``, ``vllm_xargs`` on the wire).
+
+Light on purpose: the request path strips these keys from every client request, and must not load
+xgrammar or torch to know their names. The masking itself is in :mod:`.masks`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .grammar import BuiltTag
+
+#: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
+XARGS_TAG = "vllm_allowed_tools_tag"
+XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
+XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST)
+
+#: which constraint stage serves allowed-tools grammars; see :func:`choose_stage`
+STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
+STAGE_AUTO = "auto"
+STAGE_NATIVE = "native"
+STAGE_LOGITS_PROCESSOR = "logits-processor"
+STAGES = (STAGE_AUTO, STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
+
+
+class ConstraintArgsError(ValueError):
+    """Malformed constraint arguments on a request (reported as a 400 naming the key)."""
+
+
+def requested_stage(environ: Mapping[str, str] | None = None) -> str:
+    """The operator's switch as set (``auto`` when unset); an unknown value is refused."""
+    value = (environ if environ is not None else os.environ).get(STAGE_ENV, "").strip().lower()
+    if not value:
+        return STAGE_AUTO
+    if value not in STAGES:
+        from ..errors import CapabilityError
+        raise CapabilityError(f"{STAGE_ENV}={value!r} is not a constraint stage; set one of "
+                              f"{', '.join(STAGES)} or unset it", capability="config", status=500)
+    return value
+
+
+def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, on_cpu: bool,
+                 logits_processor_blocked: str | None) -> str:
+    """Which stage serves the grammar, from the switch and what this server can run.
+
+    ``auto`` (the default) takes the logits-processor stage where the native path cannot serve (a
+    backend that cannot compile structural tags) or where ``benchmarks/constraint_stage.py``
+    measured it faster (on CPU: ahead at batch 1, level at batch 16), and vLLM's native path
+    everywhere else (GPUs: not measured here; the native path also works with speculative decoding
+    and Model Runner V2). ``logits_processor_blocked`` says why vLLM would not run the processor
+    (None: it would). Raises CapabilityError when the choice cannot enforce the allowlist."""
+    from ..errors import CapabilityError
+    if requested == STAGE_LOGITS_PROCESSOR or (requested == STAGE_AUTO and not backend_compiles_tags):
+        if logits_processor_blocked is None:
+            return STAGE_LOGITS_PROCESSOR
+        if requested == STAGE_AUTO:
+            raise CapabilityError(
+                f"the {backend!r} structured-output backend cannot compile the structural tags "
+                f"that constrain decoding to the allowed tools, and our logits processor cannot "
+                f"stand in: {logits_processor_blocked}; start vLLM with "
+                "--structured-outputs-config.backend xgrammar", capability="constraint_stage",
+                status=500)
+        raise CapabilityError(f"{STAGE_ENV}={STAGE_LOGITS_PROCESSOR} cannot be served: "
+                              f"{logits_processor_blocked}; unset {STAGE_ENV} to use vLLM's native "
+                              "structured-output path", capability="constraint_stage", status=500)
+    if not backend_compiles_tags:
+        raise CapabilityError(
+            f"the {backend!r} structured-output backend cannot compile the structural tags that "
+            "constrain decoding to the allowed tools; start vLLM with "
+            "--structured-outputs-config.backend xgrammar (or auto), or let our logits processor "
+            f"serve the grammar ({STAGE_ENV}=auto or {STAGE_LOGITS_PROCESSOR})",
+            capability="structured_output_backend", status=500)
+    if requested == STAGE_AUTO and on_cpu and logits_processor_blocked is None:
+        return STAGE_LOGITS_PROCESSOR
+    return STAGE_NATIVE
+
+
+def constraint_extra_args(tag: BuiltTag) -> dict[str, str]:
+    """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
+    logits-processor stage constrains the request with ``tag``."""
+    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest}
+
+
+@dataclass(frozen=True)
+class RequestGrammar:
+    tag_json: str
+    digest: str
+
+
+def read_extra_args(extra_args: Mapping[str, Any] | None, *, verify: bool = True) -> RequestGrammar | None:
+    """The request's grammar, None for an unconstrained request; raises ConstraintArgsError naming
+    the key when the arguments are malformed. ``verify`` hashes the tag against its digest (done once
+    per request at admission; the engine side skips it and :class:`CompiledGrammars` checks again
+    whenever it compiles, so no grammar is ever cached under a digest it does not hash to)."""
+    if not extra_args or (XARGS_TAG not in extra_args and XARGS_DIGEST not in extra_args):
+        return None
+    tag_json, digest = extra_args.get(XARGS_TAG), extra_args.get(XARGS_DIGEST)
+    if not isinstance(tag_json, str) or not tag_json:
+        raise ConstraintArgsError(f"extra_args.{XARGS_TAG} must be the structural tag's JSON text")
+    if not isinstance(digest, str) or len(digest) != 64 or (verify and digest != _sha256(tag_json)):
+        raise ConstraintArgsError(f"extra_args.{XARGS_DIGEST} must be the sha256 of "
+                                  f"extra_args.{XARGS_TAG}; build both with constraint_extra_args()")
+    return RequestGrammar(tag_json=tag_json, digest=digest)
+
+
+
+
+def _sha256(text: str) -> str:
+    """The tag digest (as ``grammar.tag_digest``), without importing xgrammar."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
