@@ -38,7 +38,8 @@ server's ``/tokenize`` and its prompt-token count):
   cached tokens vLLM should report for it (whole 32-token blocks, at most ``prompt - 1`` tokens, since
   vLLM always recomputes the last prompt token).
 
-Goal (DESIGN.md section 5): for ``tail``, on every turn after the first and on both endpoints,
+Goal (changing only the allowed subset must not cost the prefix cache: a turn reuses everything the
+previous request sent): for ``tail``, on every turn after the first and on both endpoints,
 ``cached >= expected - 32`` (one block). The script says whether it was met and exits 1 when not
 (2 when the benchmark could not run).
 """

@@ -78,10 +78,8 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,15 +93,12 @@ from urllib.parse import urlparse
 
 import httpx
 
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.store_faults import sqlite_locked
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from vllm_allowed_tools.errors import AllowedToolsError
 from vllm_allowed_tools.request.rewrite import POLICY_KEY, TEMPLATE_KWARG, rewrite_request
+from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
+from vllm_allowed_tools.testing.metrics import scrape_metric
+from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.store_faults import sqlite_locked
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
 PATHS = {"chat": "/chat/completions", "responses": "/responses"}
@@ -119,16 +114,6 @@ def _log(message: str) -> None:
 
 
 # =========================================================================================== wire
-
-def chat_selection(mode: Any, names: Iterable[str]) -> dict[str, Any]:
-    return {"type": "allowed_tools", "allowed_tools": {
-        "mode": mode, "tools": [{"type": "function", "function": {"name": n}} for n in names]}}
-
-
-def responses_selection(mode: Any, names: Iterable[str]) -> dict[str, Any]:
-    return {"type": "allowed_tools", "mode": mode,
-            "tools": [{"type": "function", "name": n} for n in names]}
-
 
 def base_body(api: str, max_tokens: int, content: str = "Go ahead.") -> dict[str, Any]:
     if api == "chat":
@@ -1580,36 +1565,12 @@ def run_kill(start: Callable[[], tuple[str, int, Callable[[], None]]], db: Path,
 # ========================================================================================== CLI
 
 def _start_server(flavour: str, log_dir: Path, env: dict[str, str] | None = None,
-                  tag: str = "") -> tuple[subprocess.Popen, str]:
-    exe = shutil.which("vllm-allowed-tools", path=str(Path(sys.executable).parent)) \
-        or shutil.which("vllm-allowed-tools")
-    command = [exe] if exe else [sys.executable, "-m", "vllm_allowed_tools.devtools.cli"]
+                  tag: str = "") -> ServeTinyProcess:
     log = log_dir / f"vllm-reliability-{flavour}{tag}.log"
-    command += ["serve-tiny", "--flavour", flavour, "--log-file", str(log)]
-    _log(f"starting: {' '.join(command)}")
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + 900
-    line = ""
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if line.startswith("http") or line == "" or process.poll() is not None:
-            break
-    if not line.startswith("http"):
-        process.kill()
-        raise RuntimeError(f"serve-tiny did not come up; log: {log}")
-    _log(f"server at {line.strip()} (log {log})")
-    return process, line.strip()
-
-
-def _stop_server(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    _log(f"starting serve-tiny ({flavour}); log {log}")
+    server = start_serve_tiny(flavour, env=env, log_path=log)
+    _log(f"server at {server.base_url}")
+    return server
 
 
 def table(fuzz: Figures | None, load: Figures | None, faults: Figures | None) -> str:
@@ -1705,14 +1666,15 @@ def run_approval_faults(parts: list[str], rounds: int, kill_after: int, kill_cyc
     if "store" in parts:
         env = approval_env(folder / "outage")
         db = Path(env["VLLM_ALLOWED_TOOLS_GRANT_STORE"])
-        process, base_url = _start_server(flavour, folder, env, "-outage")
+        server = _start_server(flavour, folder, env, "-outage")
         try:
             _log(f"store outage: SQLite folder gone, SQLite locked ({rounds} rounds each) ...")
-            outage = run_store_outage(base_url, lambda: sqlite_folder_gone(db),
+            outage = run_store_outage(server.base_url, lambda: sqlite_folder_gone(db),
                                       "sqlite_folder_gone", rounds)
-            run_store_outage(base_url, lambda: sqlite_locked(db), "sqlite_locked", rounds, outage)
+            run_store_outage(server.base_url, lambda: sqlite_locked(db), "sqlite_locked", rounds,
+                             outage)
         finally:
-            _stop_server(process)
+            server.stop()
         from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
         try:
             pg = ThrowawayPostgres.start()
@@ -1721,13 +1683,13 @@ def run_approval_faults(parts: list[str], rounds: int, kill_after: int, kill_cyc
         else:
             try:
                 env = approval_env(folder / "pg", store=pg.dsn)
-                process, base_url = _start_server(flavour, folder, env, "-pg")
+                server = _start_server(flavour, folder, env, "-pg")
                 try:
                     _log(f"store outage: PostgreSQL stopped ({rounds} rounds) ...")
-                    run_store_outage(base_url, lambda: postgres_stopped(pg), "postgres_stopped",
-                                     rounds, outage)
+                    run_store_outage(server.base_url, lambda: postgres_stopped(pg),
+                                     "postgres_stopped", rounds, outage)
                 finally:
-                    _stop_server(process)
+                    server.stop()
             finally:
                 pg.close()
         _log(json.dumps({"store_outage": outage.as_dict()}))
@@ -1735,8 +1697,8 @@ def run_approval_faults(parts: list[str], rounds: int, kill_after: int, kill_cyc
         env = approval_env(folder / "kill")
 
         def start() -> tuple[str, int, Callable[[], None]]:
-            process, base_url = _start_server(flavour, folder, env, "-kill")
-            return base_url, process.pid, lambda: _stop_server(process)
+            server = _start_server(flavour, folder, env, "-kill")
+            return server.base_url, server.process.pid, server.stop
 
         _log(f"kill: {kill_cycles} x SIGKILL after {kill_after} acknowledged grants ...")
         kill = run_kill(start, Path(env["VLLM_ALLOWED_TOOLS_GRANT_STORE"]),
@@ -1768,13 +1730,13 @@ def main(argv: list[str] | None = None) -> int:
     approval_parts = [part for part in ("store", "kill") if part not in args.skip]
     only_approvals = {"fuzz", "load", "faults"} <= set(args.skip)
 
-    process = None
+    server = None
     try:
         if args.base_url or only_approvals:
             base_url, pid = (args.base_url or "").rstrip("/"), args.server_pid
         else:
-            process, base_url = _start_server(args.flavour, Path(tempfile.gettempdir()))
-            pid = process.pid
+            server = _start_server(args.flavour, Path(tempfile.gettempdir()))
+            base_url, pid = server.base_url, server.process.pid
     except (RuntimeError, OSError) as exc:
         _log(f"error: {exc}")
         return 2
@@ -1793,8 +1755,8 @@ def main(argv: list[str] | None = None) -> int:
             faults = run_disconnects(base_url, args.disconnects)
             _log(json.dumps({"faults": faults.as_dict()}))
     finally:
-        if process is not None:
-            _stop_server(process)
+        if server is not None:
+            server.stop()
     outage = kill = None
     if approval_parts and args.base_url:
         _log("grant-store faults skipped: they need servers of their own (no --base-url)")

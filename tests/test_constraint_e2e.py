@@ -16,14 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import start_cli_server, stop_cli_server
-from test_serving_e2e import (
-    _catalog_and_subset,
-    _chat_choice,
-    chat_calls,
-    happy_model_violation_figures,
-    responses_calls,
-)
+from test_serving_e2e import _catalog_and_subset, happy_model_violation_figures
 
+from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 
@@ -62,7 +57,7 @@ def test_required_mode_only_allowed_calls(stage_random_server, stream):
     client = stage_random_server.client()
     for seed in SEEDS:
         catalog, allowed = _catalog_and_subset(seed)
-        calls, text = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
+        calls, text, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
         assert len(calls) == 1, (seed, calls, text)
         assert calls[0][0] in allowed and POOL_BY_NAME[calls[0][0]].arguments_valid(calls[0][1])
         r_calls, r_text, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream)
@@ -79,7 +74,7 @@ def test_parallel_false_and_auto_mode(stage_random_server, stream):
         calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream,
                                       parallel=False, max_tokens=200)
         assert len(calls) == 1, calls
-        calls, text = chat_calls(client, catalog, "auto", allowed, seed, stream=stream, max_tokens=60)
+        calls, text, _ = chat_calls(client, catalog, "auto", allowed, seed, stream=stream, max_tokens=60)
         assert all(name in allowed for name, _ in calls), (seed, calls)
         text_only += not calls and bool(text)
     assert text_only > 0, "auto mode must still allow a text-only answer"
@@ -112,7 +107,7 @@ def test_mixed_batch_each_request_gets_its_own_grammar(stage_random_server):
                 model="tiny", messages=[{"role": "user", "content": "Go ahead."}], max_tokens=40,
                 temperature=1.0, seed=index)
             return job, reply.choices[0].message.content
-        calls, _ = chat_calls(client, catalog, mode, allowed, index, stream=index % 2 == 0,
+        calls, _, _ = chat_calls(client, catalog, mode, allowed, index, stream=index % 2 == 0,
                               parallel=mode == "auto", max_tokens=150)
         return job, calls
 
@@ -138,7 +133,7 @@ def test_auto_mode_holds_against_the_tool_happy_model(stage_happy_server):
 def test_client_cannot_plant_a_grammar(stage_happy_server):
     """Our vllm_xargs keys are stripped from client requests: a client's own 'grammar' (here one
     that would force a call to a tool outside its allowlist) never reaches the engine."""
-    from vllm_allowed_tools.decode.constraint import constraint_extra_args
+    from vllm_allowed_tools.decode.stage import constraint_extra_args
     from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
     catalog, allowed = _catalog_and_subset(3)
     outsider = next(tool for tool in catalog if tool.name not in allowed)
@@ -146,7 +141,7 @@ def test_client_cannot_plant_a_grammar(stage_happy_server):
                                          "required"))
     reply = stage_happy_server.client().chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
-        tools=[tool.chat_tool() for tool in catalog], tool_choice=_chat_choice("required", allowed),
+        tools=[tool.chat_tool() for tool in catalog], tool_choice=chat_selection("required", allowed),
         max_tokens=80, temperature=1.0, seed=3, extra_body={"vllm_xargs": constraint_extra_args(planted)})
     names = [c.function.name for c in reply.choices[0].message.tool_calls or []]
     assert names and all(name in allowed for name in names), names
@@ -157,7 +152,7 @@ def test_offline_llm_is_constrained_through_extra_args():
     logits processor (loaded from the entry point) through ``SamplingParams.extra_args``."""
     import os
 
-    from vllm_allowed_tools.decode.constraint import constraint_extra_args
+    from vllm_allowed_tools.decode.stage import constraint_extra_args
     from vllm_allowed_tools.decode.grammar import allowed_tools_grammar
     from vllm_allowed_tools.testing.server import server_environment
     from vllm_allowed_tools.testing.tiny_model import ensure_model
@@ -165,7 +160,7 @@ def test_offline_llm_is_constrained_through_extra_args():
     from vllm import LLM, SamplingParams
     catalog, allowed = _catalog_and_subset(11)
     body = {"tools": [tool.chat_tool() for tool in catalog],
-            "tool_choice": _chat_choice("required", allowed), "parallel_tool_calls": False}
+            "tool_choice": chat_selection("required", allowed), "parallel_tool_calls": False}
     tag = allowed_tools_grammar(body, "hermes", max_whitespace=1)
     llm = LLM(model=str(ensure_model("random")), dtype="float32", max_model_len=4096,
               enforce_eager=True, block_size=32, max_num_seqs=8, enable_chunked_prefill=False,

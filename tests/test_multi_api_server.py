@@ -18,7 +18,9 @@ import openai
 import pytest
 
 from conftest import start_cli_server, stop_cli_server
-from test_serving_e2e import _catalog_and_subset, chat_calls, responses_calls
+from test_serving_e2e import _catalog_and_subset
+
+from vllm_allowed_tools.testing.calls import chat_calls, responses_calls
 
 pytestmark = pytest.mark.server
 
@@ -68,7 +70,7 @@ def test_policies_hold_across_api_server_processes(two_api_servers):
             r_calls, _, response = responses_calls(client, catalog, "required", allowed, seed)
             assert len(r_calls) == 1 and r_calls[0][0] in allowed, (seed, r_calls, allowed)
             assert response.tool_choice.type == "allowed_tools"
-            calls, _ = chat_calls(client, catalog, "required", allowed, seed, stream=bool(seed % 2))
+            calls, _, _ = chat_calls(client, catalog, "required", allowed, seed, stream=bool(seed % 2))
             assert len(calls) == 1 and calls[0][0] in allowed, (seed, calls, allowed)
         assert len(addresses) == 3 and None not in addresses, addresses
 

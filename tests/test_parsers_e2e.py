@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import RunningServer, start_cli_server, stop_cli_server
+from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.devtools.prefix import policy_block_offset, render_with_policy
 from vllm_allowed_tools.devtools.render import render_chat
-from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER
+from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
+from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, ServeTinyProcess
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 
 pytestmark = pytest.mark.server
@@ -105,7 +106,7 @@ def model_with_tokens(tokens: tuple[str, ...], out: Path) -> Path:
 
 
 def start_parser_server(parser: str, model_dir: Path | None = None,
-                        timeout: float = 600.0) -> RunningServer:
+                        timeout: float = 600.0) -> ServeTinyProcess:
     """`vllm-allowed-tools serve-tiny --parser PARSER` (conftest's starter, plus a parser); the
     scale-out endpoints serve /v1/chat/completions/render."""
     options = ["--parser", parser] + (["--model-dir", str(model_dir)] if model_dir else [])
@@ -136,41 +137,15 @@ def catalog_and_subset(seed: int) -> tuple[list, list[str]]:
     return catalog, subset
 
 
-def chat_choice(mode: str, names: list[str]) -> dict:
-    return {"type": "allowed_tools",
-            "allowed_tools": {"mode": mode, "tools": [{"type": "function", "function": {"name": n}}
-                                                      for n in names]}}
+SYSTEM = "You are a helpful agent."
 
 
-def responses_choice(mode: str, names: list[str]) -> dict:
-    return {"type": "allowed_tools", "mode": mode,
-            "tools": [{"type": "function", "name": n} for n in names]}
-
-
-MESSAGES = [{"role": "system", "content": "You are a helpful agent."},
-            {"role": "user", "content": "Go ahead."}]
-
-
-def chat_calls(server: RunningServer, mode: str, seed: int, max_tokens: int):
+def calls_for(api: str, server: ServeTinyProcess, mode: str, seed: int, max_tokens: int):
+    """[(name, arguments)], the subset, and the Chat message or the Responses output."""
     catalog, subset = catalog_and_subset(seed)
-    response = server.client().chat.completions.create(
-        model="tiny", messages=MESSAGES, tools=[tool.chat_tool() for tool in catalog],
-        tool_choice=chat_choice(mode, subset), parallel_tool_calls=False, max_tokens=max_tokens,
-        temperature=1.0, seed=seed)
-    message = response.choices[0].message
-    return [(call.function.name, call.function.arguments) for call in message.tool_calls or []], \
-        subset, message
-
-
-def responses_calls(server: RunningServer, mode: str, seed: int, max_tokens: int):
-    catalog, subset = catalog_and_subset(seed)
-    response = server.client().responses.create(
-        model="tiny", instructions=MESSAGES[0]["content"], input=MESSAGES[1]["content"],
-        tools=[tool.responses_tool() for tool in catalog], tool_choice=responses_choice(mode, subset),
-        parallel_tool_calls=False, max_output_tokens=max_tokens, temperature=1.0,
-        extra_body={"seed": seed})
-    calls = [(item.name, item.arguments) for item in response.output if item.type == "function_call"]
-    return calls, subset, response.output
+    fetch = chat_calls if api == "chat" else responses_calls
+    reply = fetch(server.client(), catalog, mode, subset, seed, max_tokens=max_tokens, system=SYSTEM)
+    return [call[:2] for call in reply.calls], subset, reply.raw if api == "chat" else reply.raw.output
 
 
 # ----------------------------------------------------------------------------------------- tests
@@ -194,10 +169,9 @@ def _valid_after_strip(name: str, arguments: str) -> bool:
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_required_mode_gives_one_allowed_schema_valid_call(served, api):
     case, server, _ = served
-    fetch = chat_calls if api == "chat" else responses_calls
     failures, whitespace_only = [], []
     for seed in SEEDS:
-        calls, subset, raw = fetch(server, "required", seed, REQUIRED_MAX_TOKENS)
+        calls, subset, raw = calls_for(api, server, "required", seed, REQUIRED_MAX_TOKENS)
         if len(calls) != 1:
             failures.append((seed, "calls", calls, str(raw)[:400]))
             continue
@@ -222,9 +196,8 @@ def test_required_mode_gives_one_allowed_schema_valid_call(served, api):
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_auto_mode_never_calls_outside_the_subset(served, api):
     _, server, _ = served
-    fetch = chat_calls if api == "chat" else responses_calls
     for seed in SEEDS[:2]:
-        calls, subset, _ = fetch(server, "auto", seed, AUTO_MAX_TOKENS)
+        calls, subset, _ = calls_for(api, server, "auto", seed, AUTO_MAX_TOKENS)
         assert all(name in subset for name, _ in calls), (seed, calls, subset, server.log_tail(30))
 
 
@@ -253,7 +226,7 @@ def test_server_renders_the_template_like_render_py(served):
         {"role": "user", "content": "Next."},
     ]
     body = {"model": "tiny", "messages": messages, "tools": tools,
-            "tool_choice": chat_choice("required", subset)}
+            "tool_choice": chat_selection("required", subset)}
     reply = httpx.post(server.base_url + "/chat/completions/render", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     token_ids = reply.json()["token_ids"]
@@ -331,7 +304,7 @@ def policy_request(mode: str, allowed: list[str], tool_names: list[str], paralle
 
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
             "tools": [POOL_BY_NAME[name].chat_tool() for name in tool_names],
-            "parallel_tool_calls": parallel, "tool_choice": chat_choice(mode, allowed)}
+            "parallel_tool_calls": parallel, "tool_choice": chat_selection(mode, allowed)}
     plain = ChatCompletionRequest(**{**body, "tool_choice": mode})
     return ChatCompletionRequest(**rewrite_request(body, "chat").body), plain
 

@@ -14,6 +14,12 @@ import httpx
 import openai
 import pytest
 
+from vllm_allowed_tools.testing.calls import (
+    chat_calls,
+    chat_selection,
+    responses_calls,
+    responses_selection,
+)
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME, sample_catalog
 
@@ -22,68 +28,10 @@ pytestmark = pytest.mark.server
 SEEDS = range(6)
 
 
-def _chat_choice(mode: str, names: list[str]) -> dict:
-    return {"type": "allowed_tools",
-            "allowed_tools": {"mode": mode, "tools": [{"type": "function", "function": {"name": n}}
-                                                      for n in names]}}
-
-
-def _responses_choice(mode: str, names: list[str]) -> dict:
-    return {"type": "allowed_tools", "mode": mode,
-            "tools": [{"type": "function", "name": n} for n in names]}
-
-
 def _catalog_and_subset(seed: int) -> tuple[list, list[str]]:
     rng = random.Random(seed)
     catalog = sample_catalog(rng, 8)
     return catalog, [tool.name for tool in rng.sample(catalog, 2)]
-
-
-def chat_calls(client, catalog, mode, allowed, seed, stream=False, parallel=False, max_tokens=120):
-    """[(name, arguments)] and the text, from Chat Completions, unary or streamed."""
-    kwargs = dict(model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
-                  tools=[tool.chat_tool() for tool in catalog], tool_choice=_chat_choice(mode, allowed),
-                  parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=1.0, seed=seed)
-    if not stream:
-        message = client.chat.completions.create(**kwargs).choices[0].message
-        return [(c.function.name, c.function.arguments) for c in message.tool_calls or []], \
-            message.content or ""
-    calls: dict[int, list[str]] = {}
-    text = []
-    for chunk in client.chat.completions.create(stream=True, **kwargs):
-        if not chunk.choices:
-            continue
-        delta = chunk.choices[0].delta
-        text.append(delta.content or "")
-        for call in delta.tool_calls or []:
-            entry = calls.setdefault(call.index, ["", ""])
-            if call.function and call.function.name:
-                entry[0] += call.function.name
-            if call.function and call.function.arguments:
-                entry[1] += call.function.arguments
-    return [tuple(calls[i]) for i in sorted(calls)], "".join(text)
-
-
-def responses_calls(client, catalog, mode, allowed, seed, stream=False, parallel=False,
-                    max_tokens=120, tools=None):
-    kwargs = dict(model="tiny", input="Go ahead.", tools=tools or [t.responses_tool() for t in catalog],
-                  tool_choice=_responses_choice(mode, allowed), parallel_tool_calls=parallel,
-                  max_output_tokens=max_tokens, temperature=1.0, extra_body={"seed": seed})
-    if not stream:
-        response = client.responses.create(**kwargs)
-        output = response.output
-    else:
-        output, response = None, None
-        for event in client.responses.create(stream=True, **kwargs):
-            if event.type in ("response.completed", "response.incomplete"):
-                response = event.response
-                output = response.output
-        assert output is not None, "the stream ended without a terminal response"
-    calls = [(item.name, item.arguments, getattr(item, "namespace", None))
-             for item in output if item.type == "function_call"]
-    text = "".join(part.text for item in output if item.type == "message"
-                   for part in item.content if part.type == "output_text")
-    return calls, text, response
 
 
 # --------------------------------------------------------------------------- required mode
@@ -93,7 +41,7 @@ def test_required_mode_chat_only_allowed_calls(random_server, stream):
     client = random_server.client()
     for seed in SEEDS:
         catalog, allowed = _catalog_and_subset(seed)
-        calls, text = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
+        calls, text, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
         assert len(calls) == 1, (seed, calls, text)
         name, arguments = calls[0]
         assert name in allowed, (seed, name, allowed)
@@ -132,8 +80,8 @@ def test_unary_and_streaming_produce_the_same_calls(random_server):
     client = random_server.client()
     for seed in SEEDS[:3]:
         catalog, allowed = _catalog_and_subset(seed)
-        unary, _ = chat_calls(client, catalog, "required", allowed, seed)
-        streamed, _ = chat_calls(client, catalog, "required", allowed, seed, stream=True)
+        unary, _, _ = chat_calls(client, catalog, "required", allowed, seed)
+        streamed, _, _ = chat_calls(client, catalog, "required", allowed, seed, stream=True)
         assert [(n, json.loads(a)) for n, a in unary] == [(n, json.loads(a)) for n, a in streamed]
         r_unary, _, _ = responses_calls(client, catalog, "required", allowed, seed)
         r_stream, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=True)
@@ -148,7 +96,7 @@ def test_auto_mode_never_calls_outside_subset_random(random_server, stream):
     text_only = 0
     for seed in SEEDS:
         catalog, allowed = _catalog_and_subset(seed)
-        calls, text = chat_calls(client, catalog, "auto", allowed, seed, stream=stream, max_tokens=60)
+        calls, text, _ = chat_calls(client, catalog, "auto", allowed, seed, stream=stream, max_tokens=60)
         assert all(name in allowed for name, _ in calls), (seed, calls)
         r_calls, r_text, _ = responses_calls(client, catalog, "auto", allowed, seed, stream=stream,
                                              max_tokens=60)
@@ -171,7 +119,7 @@ def happy_model_violation_figures(client, trials: int) -> dict:
         names = [c.function.name for c in plain.choices[0].message.tool_calls or []]
         without += any(name not in allowed for name in names)
         governed = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
-                                                  tool_choice=_chat_choice("auto", allowed),
+                                                  tool_choice=chat_selection("auto", allowed),
                                                   max_tokens=60, temperature=1.0, seed=seed)
         names = [c.function.name for c in governed.choices[0].message.tool_calls or []]
         calls_with += bool(names)
@@ -203,7 +151,7 @@ def test_parallel_false_never_more_than_one_call(random_server, stream):
         calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream,
                                       parallel=False, max_tokens=200)
         assert len(calls) <= 1, calls
-        chat, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream,
+        chat, _, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream,
                              parallel=False, max_tokens=200)
         assert len(chat) <= 1, chat
 
@@ -235,7 +183,7 @@ def test_rendered_prompt_holds_the_full_catalog_whatever_the_subset(random_serve
     for allowed in ([catalog[0].name], [catalog[3].name, catalog[5].name]):
         response = client.chat.completions.create(
             model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
-            tools=[tool.chat_tool() for tool in catalog], tool_choice=_chat_choice("required", allowed),
+            tools=[tool.chat_tool() for tool in catalog], tool_choice=chat_selection("required", allowed),
             parallel_tool_calls=False, max_tokens=5, extra_body={"return_token_ids": True})
         token_ids = response.model_extra["prompt_token_ids"]
         text = httpx.post(random_server.root_url + "/detokenize",
@@ -270,11 +218,11 @@ def test_invalid_selection_is_a_400_and_the_engine_sees_nothing(random_server, a
             if api == "chat":
                 client.chat.completions.create(
                     model="tiny", messages=[{"role": "user", "content": "hi"}],
-                    tools=[t.chat_tool() for t in catalog], tool_choice=_chat_choice("auto", names))
+                    tools=[t.chat_tool() for t in catalog], tool_choice=chat_selection("auto", names))
             else:
                 client.responses.create(model="tiny", input="hi",
                                         tools=[t.responses_tool() for t in catalog],
-                                        tool_choice=_responses_choice("auto", names))
+                                        tool_choice=responses_selection("auto", names))
         body = error.value.body
         assert body["type"] == "invalid_request_error" and body["code"]
         assert body["param"].startswith("tool_choice")
@@ -341,7 +289,7 @@ def test_responses_objects_and_events_validate_against_sdk_types(random_server, 
     event_adapter = TypeAdapter(ResponseStreamEvent)
     catalog, allowed = _catalog_and_subset(11)
     body = {"model": "tiny", "input": "Go ahead.", "tools": [t.responses_tool() for t in catalog],
-            "tool_choice": _responses_choice(mode, allowed), "max_output_tokens": 60,
+            "tool_choice": responses_selection(mode, allowed), "max_output_tokens": 60,
             "parallel_tool_calls": False, "temperature": 1.0, "seed": 3}
     unary = httpx.post(random_server.base_url + "/responses", json=body, timeout=120)
     assert unary.status_code == 200, unary.text
@@ -364,7 +312,7 @@ def test_chat_objects_and_chunks_validate_against_sdk_types(random_server, mode)
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
     catalog, allowed = _catalog_and_subset(12)
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Go ahead."}],
-            "tools": [t.chat_tool() for t in catalog], "tool_choice": _chat_choice(mode, allowed),
+            "tools": [t.chat_tool() for t in catalog], "tool_choice": chat_selection(mode, allowed),
             "max_tokens": 60, "parallel_tool_calls": False, "temperature": 1.0, "seed": 3}
     unary = httpx.post(random_server.base_url + "/chat/completions", json=body, timeout=120)
     assert unary.status_code == 200, unary.text

@@ -50,19 +50,20 @@ def _extra(args: argparse.Namespace) -> list[str]:
     return extra[1:] if extra[:1] == ["--"] else extra
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    # unwind out of wait() first (it holds Popen's waitpid lock); `finally` stops the server
+    raise SystemExit(128 + signum)
+
+
 def cmd_serve_tiny(args: argparse.Namespace) -> int:
     model = _resolve_model(args)
+    # from here a stop request unwinds: start_server stops a half-started server, `finally` a ready one
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     _log(f"starting vllm on {model} (parser {args.parser}) ...")
     server = start_server(model, port=args.port, host=args.host, parser=args.parser,
                           extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout,
                           vanilla=args.vanilla)
-
-    def _forward(signum: int, _frame: object) -> None:
-        # unwind out of wait() first (it holds Popen's waitpid lock); `finally` stops the server
-        raise SystemExit(128 + signum)
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _forward)
     print(server.base_url, flush=True)
     _log(f"healthy; log: {server.log_path}; Ctrl-C stops it")
     try:

@@ -1,7 +1,9 @@
 """Start a real ``vllm serve`` with the plugin on a tiny model, and never leave it running.
 
-Used by the ``vllm-allowed-tools serve-tiny`` console script, the demo and the test fixtures. It
-imports no vLLM: the server runs in a child process (its own process group, killed with us).
+:func:`start_server` runs vLLM itself (the ``serve-tiny`` console script, the demo, the prompt-cache
+benchmark); :func:`start_serve_tiny` runs that console script as a child, as the test fixtures and
+the reliability benchmark do. Both give up at a deadline and kill what they started. No vLLM import:
+the server runs in a child process (its own process group, killed with us).
 """
 
 from __future__ import annotations
@@ -9,17 +11,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Sequence
+from typing import IO, Any, Sequence
 
 from ..formats import wire_format, wire_formats
 from ..templates import template_path
@@ -215,3 +220,121 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
         server.stop()
         raise
     return server
+
+
+# ------------------------------------------------------------------ the serve-tiny console script
+
+class _OutputLines:
+    """Reads a child's output on a thread, so waiting for one line can give up at a deadline."""
+
+    def __init__(self, stream: IO[str], keep: int = 200) -> None:
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.last: deque[str] = deque(maxlen=keep)
+        self.ended = False
+        threading.Thread(target=self._pump, args=(stream,), daemon=True).start()
+
+    def _pump(self, stream: IO[str]) -> None:
+        with contextlib.suppress(ValueError, OSError):   # closed under us: stop reading
+            for line in stream:
+                self.last.append(line.rstrip("\n"))
+                self._lines.put(line)
+        self._lines.put(None)
+
+    def wait_for(self, prefix: str, deadline: float) -> str | None:
+        """The first line starting with `prefix`, or None at end of output or at the deadline."""
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                self.ended = True
+                return None
+            if line.startswith(prefix):
+                return line.strip()
+        return None
+
+
+@dataclass(eq=False)
+class ServeTinyProcess:
+    """A running ``serve-tiny`` child (it owns the vLLM process group and stops it on SIGTERM)."""
+    process: subprocess.Popen
+    base_url: str
+    log_path: Path
+    flavour: str
+    output: _OutputLines = field(repr=False)
+
+    @property
+    def root_url(self) -> str:
+        return self.base_url.removesuffix("/v1")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, lines: int = 80) -> str:
+        try:
+            return "\n".join(self.log_text().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def client(self, **kwargs: Any) -> Any:
+        from openai import OpenAI
+        return OpenAI(base_url=self.base_url, api_key="test", max_retries=0, timeout=120, **kwargs)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        return _stop_child(self.process, timeout)
+
+
+def _stop_child(process: subprocess.Popen, timeout: float) -> int | None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)   # serve-tiny stops its server's whole group
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+    return process.returncode
+
+
+def serve_tiny_command(flavour: str, port: int, log_path: Path, options: Sequence[str] = (),
+                       extra_args: Sequence[str] = ()) -> list[str]:
+    command = [sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "serve-tiny",
+               "--port", str(port), "--flavour", flavour, "--log-file", str(log_path), *options]
+    return command + (["--", *extra_args] if extra_args else [])
+
+
+def start_serve_tiny(flavour: str = "random", *, options: Sequence[str] = (),
+                     extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                     timeout: float = 900.0, log_path: Path | None = None) -> ServeTinyProcess:
+    """Run ``vllm-allowed-tools serve-tiny`` (it builds the model on first use) on a free port and
+    return once it prints its base URL; at the deadline it is stopped and ServeError says why.
+
+    `options` are serve-tiny's own flags, `extra_args` vLLM's, `env` is added to ours.
+    """
+    if log_path is None:
+        log_path = Path(tempfile.mkstemp(prefix=f"vllm-{flavour}-", suffix=".log")[1])
+    process = subprocess.Popen(serve_tiny_command(flavour, free_port(), log_path, options, extra_args),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               text=True, env={**os.environ, **(env or {})})
+    output = _OutputLines(process.stdout)
+    url = output.wait_for("http", time.monotonic() + timeout)
+    if url is None:
+        if output.ended:   # it closed its output: it is exiting
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+        hung = process.poll() is None
+        _stop_child(process, 30.0)
+        why = (f"printed no URL within {timeout:.0f}s and was stopped" if hung
+               else f"exited with code {process.returncode}")
+        raise ServeError(f"serve-tiny ({flavour}) {why}; its output ends with:\n"
+                         + "\n".join(list(output.last)[-30:])
+                         + f"\nthe server log ({log_path}) ends with:\n{_tail(log_path)}")
+    return ServeTinyProcess(process=process, base_url=url, log_path=log_path, flavour=flavour,
+                            output=output)
+
+
+def _tail(path: Path, chars: int = 6000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"

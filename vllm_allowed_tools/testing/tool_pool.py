@@ -82,8 +82,3 @@ POOL_BY_NAME: dict[str, PoolTool] = {tool.name: tool for tool in POOL}
 
 def sample_catalog(rng: random.Random, size: int = 8) -> list[PoolTool]:
     return rng.sample(list(POOL), size)
-
-
-def hermes_call_text(name: str, arguments: dict[str, Any]) -> str:
-    """The exact text the hermes wire format uses for one call (what the template renders)."""
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
