@@ -54,7 +54,7 @@ from vllm_allowed_tools.approvals import (
     register_elicitation_type,
 )
 from vllm_allowed_tools.approvals import cli as approvals_cli
-from vllm_allowed_tools.approvals.items import unregister_elicitation_type
+from vllm_allowed_tools.approvals.elicitation_types import unregister_elicitation_type
 from vllm_allowed_tools.request import FunctionSpec, ToolIdentity
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,20 +41,22 @@ from pathlib import Path
 from .digests import arguments_digest, definition_digest
 from .engine import ApprovalEngine, Decline, Outcome, ProposedCall, Rejected, Release, Replayed
 from .errors import ApprovalInputError, GrantStoreUnavailable, PolicyFileError
+from .elicitation_types import (
+    ElicitationType,
+    elicitation_response_schema,
+    elicitation_schema,
+    register_elicitation_type,
+)
 from .items import (
     TOOL_CALL_APPROVAL_RESPONSE_SCHEMA,
     TOOL_CALL_APPROVAL_SCHEMA,
     ApprovalItems,
     Elicitation,
     ElicitationResponse,
-    ElicitationType,
     ToolCallApproval,
-    elicitation_response_schema,
-    elicitation_schema,
     parse_elicitation,
     parse_elicitation_response,
     parse_input_items,
-    register_elicitation_type,
 )
 from .hints import approval_hint
 from .policy import ApprovalPolicy, EffectiveApproval, load_policy

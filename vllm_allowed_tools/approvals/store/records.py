@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ...request import ToolIdentity
-from ..items import TOOL_CALL_APPROVAL, ToolCallApproval
+from ..elicitation_types import TOOL_CALL_APPROVAL
+from ..items import ToolCallApproval
 
 __all__ = ["TERMINAL_STATUSES", "ConsumeResult", "ElicitationRecord", "Grant", "GrantStore"]
 
