@@ -88,7 +88,7 @@ def cmd_cpu_setup(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    return run_demo(args)
+    return run_demo(_resolve_model(args), args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from ..testing.server import start_server
-from ..testing.tiny_model import ensure_model, validate_model_dir
 from ..testing.tool_pool import POOL_BY_NAME
 
 CATALOG = ["get_weather", "read_file", "send_email", "create_calendar", "search_note",
@@ -91,12 +91,8 @@ def _contrast(client, tools: list[dict]) -> None:
         _print(f"HTTP {error.status_code} param={body.get('param')!r}: {body.get('message')}")
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    if args.model_dir is not None:
-        validate_model_dir(args.model_dir)
-        model = args.model_dir
-    else:
-        model = ensure_model(args.flavour, args.seed, log=lambda m: print(m, file=sys.stderr))
+def run_demo(model: Path, args: argparse.Namespace) -> int:
+    """Serve `model` with the CLI's server options, then converse with it."""
     print(f"starting vllm serve with the plugin on {model} ...", file=sys.stderr, flush=True)
     with start_server(model, port=args.port, host=args.host, parser=args.parser,
                       log_path=args.log_file, timeout=args.timeout) as server:
