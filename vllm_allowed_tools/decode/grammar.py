@@ -220,7 +220,7 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
                           max_whitespace: int | None = None) -> BuiltTag | None:
     """The grammar for a request body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``,
     for callers without our server (vLLM's offline ``LLM``): pass the result through
-    :func:`vllm_allowed_tools.decode.constraint.constraint_extra_args` into ``SamplingParams.extra_args``.
+    :func:`vllm_allowed_tools.decode.stage.constraint_extra_args` into ``SamplingParams.extra_args``.
 
     Raises InvalidSelectionError (naming the field) exactly as the server's 400 would; None when the
     body selects no allowlist (plain choices are vLLM's own business)."""

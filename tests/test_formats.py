@@ -1,0 +1,217 @@
+"""The wire-format registry: every entry is complete, and every data file's grammar is exactly the one
+vLLM (or xgrammar) builds for the same allowed subset, so a vLLM upgrade cannot drift silently."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.formats import (
+    GrammarSpec,
+    WireFormat,
+    format_from_data,
+    register_wire_format,
+    registry,
+    wire_format,
+    wire_formats,
+)
+from vllm_allowed_tools.grammars import GRAMMAR_DIR
+from vllm_allowed_tools.templates import TEMPLATE_DIR
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+          "required": ["city"], "additionalProperties": False}
+ALLOWED = ["t1", "t3", "t4"]
+FORMATS = [entry.name for entry in wire_formats()]
+STRUCTURAL = [entry.name for entry in wire_formats() if entry.grammar.kind in ("tags", "xgrammar")]
+
+
+def allowed_functions() -> list[AllowedFunction]:
+    return [AllowedFunction(f"t{i}", SCHEMA, strict=(i % 2 == 0)) for i in range(5)
+            if f"t{i}" in ALLOWED]
+
+
+def dumped(tag) -> str:
+    return json.dumps(tag.model_dump(), sort_keys=True)
+
+
+# ---------------------------------------------------------------------------- the registry
+def test_every_data_file_is_a_registered_format():
+    files = sorted(path.stem for path in GRAMMAR_DIR.glob("*.json"))
+    assert files == sorted(FORMATS)
+    assert {"hermes", "llama3_json", "qwen3_coder", "mistral", "pythonic", "longcat"} <= set(FORMATS)
+
+
+def test_parser_names_and_classes_are_the_ones_vllm_is_told_about():
+    assert {entry.parser_name: entry.parser_class_name for entry in wire_formats()
+            if entry.name != "longcat"} == {
+        "allowed_hermes": "AllowedHermesToolParser",
+        "allowed_llama3_json": "AllowedLlama3JsonToolParser",
+        "allowed_qwen3_coder": "AllowedQwen3CoderToolParser",
+        "allowed_mistral": "AllowedMistralToolParser",
+        "allowed_pythonic": "AllowedPythonicToolParser",
+    }
+    assert wire_format("allowed_hermes") is wire_format("hermes")
+
+
+def test_unknown_format_says_what_exists():
+    with pytest.raises(ValueError, match="unknown wire format 'harmony'; expected one of .*hermes"):
+        wire_format("harmony")
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_format_has_a_bundled_template_and_consistent_marker(name):
+    entry = wire_format(name)
+    assert (TEMPLATE_DIR / f"{entry.template}.jinja").is_file()
+    assert entry.policy_block_marker.endswith("Allowed tools this turn (")
+    sharing = {other.policy_block_marker for other in wire_formats() if other.template == entry.template}
+    assert sharing == {entry.policy_block_marker}   # one template, one marker
+
+
+def test_derived_tables_read_the_registry():
+    from vllm_allowed_tools.devtools.prefix import POLICY_BLOCK_MARKERS
+    from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, template_for_parser
+    assert TEMPLATE_FOR_PARSER["allowed_longcat"] == "hermes"
+    assert template_for_parser("longcat").stem == "hermes"
+    assert template_for_parser("allowed_nonesuch").stem == "hermes"
+    assert set(POLICY_BLOCK_MARKERS) == {entry.template for entry in wire_formats()}
+
+
+def test_bad_entries_are_refused_with_what_to_fix(tmp_path):
+    with pytest.raises(ValueError, match=r"needs a trigger and calls whose begin holds \{name\}"):
+        register_wire_format(WireFormat("broken", "X", "hermes", "m", (), GrammarSpec(kind="tags")))
+    with pytest.raises(ValueError, match="needs xgrammar_model"):
+        register_wire_format(WireFormat("broken", "X", "hermes", "m", (), GrammarSpec(kind="xgrammar")))
+    with pytest.raises(ValueError, match="already registered; pass replace=True"):
+        register_wire_format(WireFormat("hermes", "X", "hermes", "m", (), GrammarSpec(kind="json_array")))
+    with pytest.raises(ValueError, match="broken.json: not a wire-format file"):
+        format_from_data({"name": "broken"}, source="broken.json")
+    assert "broken" not in FORMATS
+
+
+def test_a_code_format_builds_its_grammar_with_its_own_builder(monkeypatch):
+    seen = []
+
+    def builder(functions, mode, parallel, strict_level, max_whitespace):
+        seen.append(([f.name for f in functions], mode, parallel, strict_level, max_whitespace))
+        return build_structural_tag("hermes", functions, mode, parallel_tool_calls=parallel)
+
+    entry = WireFormat("custom", "Hermes2ProToolParser", "hermes", wire_format("hermes").policy_block_marker,
+                       ("<tool_call>",), GrammarSpec(kind="code", builder=builder))
+    monkeypatch.setitem(registry._FORMATS, "custom", entry)
+    tag = build_structural_tag("custom", allowed_functions(), "required", parallel_tool_calls=False,
+                               max_whitespace=0)
+    assert dumped(tag) == dumped(build_structural_tag("hermes", allowed_functions(), "required",
+                                                      parallel_tool_calls=False))
+    assert seen == [(ALLOWED, "required", False, 1, 1)]
+
+
+# ---------------------------------------------------------------------------- parity with vLLM
+@pytest.mark.parametrize("name", FORMATS)
+def test_base_parser_is_the_class_vllm_registers(name):
+    from vllm.tool_parsers import ToolParserManager
+    assert ToolParserManager.lazy_parsers[name][1] == wire_format(name).base_parser_class
+
+
+def _vllm_tag(name: str, mode: str, parallel: bool):
+    from openai.types.responses import FunctionTool, ToolChoiceAllowed
+    from vllm.tool_parsers import ToolParserManager
+    from vllm.tool_parsers.structural_tag_registry import (
+        get_model_structural_tag,
+        limit_to_single_tool_call,
+    )
+    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+    tools = [FunctionTool(type="function", name=f"t{i}", parameters=SCHEMA, strict=(i % 2 == 0))
+             for i in range(5)]
+    model = ToolParserManager.get_tool_parser(name).structural_tag_model
+    tag = get_model_structural_tag(
+        model=model, tools=tools, reasoning=False, strict_level=ToolStrictLevel.FUNCTION,
+        tool_choice=ToolChoiceAllowed(type="allowed_tools", mode=mode,
+                                      tools=[{"type": "function", "name": n} for n in ALLOWED]))
+    return limit_to_single_tool_call(tag) if not parallel else tag
+
+
+@pytest.mark.parametrize("name", STRUCTURAL)
+@pytest.mark.parametrize("mode", ["auto", "required"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel):
+    ours = build_structural_tag(name, allowed_functions(), mode, parallel_tool_calls=parallel)
+    assert dumped(ours) == dumped(_vllm_tag(name, mode, parallel))
+
+
+@pytest.mark.parametrize("name", STRUCTURAL)
+def test_whitespace_cap_is_xgrammars_option_on_every_argument_grammar(name):
+    from xgrammar.structural_tag import JSONSchemaFormat
+    theirs = _vllm_tag(name, "required", True)
+
+    def cap(node):
+        if isinstance(node, JSONSchemaFormat):
+            node.max_whitespace_cnt = 2
+        for child in (getattr(node, field) for field in getattr(type(node), "model_fields", ())):
+            for item in child if isinstance(child, list) else [child]:
+                cap(item)
+    cap(theirs.format)
+    ours = build_structural_tag(name, allowed_functions(), "required", max_whitespace=2)
+    assert dumped(ours) == dumped(theirs)
+
+
+@pytest.mark.parametrize("name", [n for n in FORMATS if wire_format(n).grammar.kind == "json_array"])
+@pytest.mark.parametrize("parallel", [True, False])
+def test_json_array_formats_have_no_structural_tag_and_vllms_array_envelope(name, parallel):
+    """vLLM has no structural tag for these parsers; required mode is its JSON array of calls."""
+    from openai.types.responses import FunctionTool
+    from vllm.tool_parsers import ToolParserManager
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+    assert ToolParserManager.get_tool_parser(name).structural_tag_model is None
+    assert build_structural_tag(name, allowed_functions(), "auto") is None
+    ours = build_structural_tag(name, allowed_functions(), "required",
+                                parallel_tool_calls=parallel).format.json_schema
+    theirs = get_json_schema_from_tools("required", [FunctionTool(type="function", name=n, parameters=SCHEMA)
+                                                     for n in ALLOWED], parallel_tool_calls=parallel)
+    envelope = ("type", "minItems", "maxItems")
+    assert {k: ours.get(k) for k in envelope} == {k: theirs.get(k) for k in envelope}
+    assert [item["properties"]["name"]["enum"] for item in ours["items"]["anyOf"]] == \
+        [item["properties"]["name"]["enum"] for item in theirs["items"]["anyOf"]]
+
+
+# ---------------------------------------------------------------------------- the parser classes
+def test_parser_classes_are_built_on_first_use():
+    code = textwrap.dedent("""
+        import sys
+        from vllm_allowed_tools.vllm_glue import parsers
+        assert "vllm.tool_parsers.llama_tool_parser" not in sys.modules
+        assert "AllowedHermesToolParser" not in vars(parsers)
+        cls = parsers.AllowedHermesToolParser
+        assert cls is parsers.AllowedHermesToolParser and cls.allowed_tools_base_parser == "hermes"
+        assert "vllm.tool_parsers.llama_tool_parser" not in sys.modules
+        assert parsers.CALL_TRIGGERS["longcat"] == ("<longcat_tool_call>",)
+        try:
+            parsers.AllowedNoSuchToolParser
+        except AttributeError:
+            pass
+        else:
+            raise SystemExit("no AttributeError")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_longcat_registers_and_its_grammar_admits_only_allowed_longcat_calls():
+    import xgrammar
+    from vllm.tool_parsers import ToolParserManager
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from vllm_allowed_tools.vllm_glue.plugin import register
+    register()
+    cls = ToolParserManager.get_tool_parser("allowed_longcat")
+    assert cls.__name__ == "AllowedLongcatToolParser" and cls.structural_tag_model == "longcat"
+    grammar = xgrammar.Grammar.from_structural_tag(
+        build_structural_tag("longcat", allowed_functions(), "required").model_dump_json())
+    call = '<longcat_tool_call>\n{"name": "%s", "arguments": {"city": "Oslo"}}\n</longcat_tool_call>'
+    assert _is_grammar_accept_string(grammar, call % "t1")
+    assert not _is_grammar_accept_string(grammar, call % "t0")                       # not allowed
+    assert not _is_grammar_accept_string(grammar, (call % "t1").replace("longcat_", ""))   # hermes markup
