@@ -101,6 +101,14 @@ def test_base_parser_with_the_middleware_is_refused():
         check_server_args(["vllm", "serve", "m", "--tool-call-parser", "hermes"], environ={})
 
 
+def test_every_registered_wire_format_has_an_accepted_parser():
+    from vllm_allowed_tools.formats import wire_formats
+    for entry in wire_formats():
+        check_server_args(["vllm", "serve", "m", "--tool-call-parser", entry.parser_name], environ={})
+    with pytest.raises(CapabilityError, match="allowed_longcat"):
+        check_server_args(["vllm", "serve", "m", "--tool-call-parser", "longcat"], environ={})
+
+
 def test_strict_tool_calling_switched_off_is_refused():
     with pytest.raises(CapabilityError, match="VLLM_ENFORCE_STRICT_TOOL_CALLING"):
         check_server_args(BASE, environ={"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"})
