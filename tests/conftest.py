@@ -8,11 +8,14 @@ log's tail is appended to the report of any failing test that used it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.testing.server import ServeError, ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
 
 _RUNNING: list[ServeTinyProcess] = []
 
@@ -20,12 +23,10 @@ _RUNNING: list[ServeTinyProcess] = []
 def start_cli_server(flavour: str, extra_args: list[str] | None = None,
                      timeout: float = 900.0, options: list[str] | None = None,
                      env: dict[str, str] | None = None) -> ServeTinyProcess:
-    """Start `vllm-allowed-tools serve-tiny` (builds the model on first use) and wait for its URL."""
-    try:
-        server = start_serve_tiny(flavour, options=options or (), extra_args=extra_args or (),
-                                  env=env, timeout=timeout)
-    except ServeError as exc:
-        pytest.fail(str(exc))
+    """Start `vllm-allowed-tools serve-tiny` (builds the model on first use) and wait for its URL;
+    ServeError says why it did not come up."""
+    server = start_serve_tiny(flavour, options=options or (), extra_args=extra_args or (), env=env,
+                              timeout=timeout)
     _RUNNING.append(server)
     return server
 
@@ -34,6 +35,22 @@ def stop_cli_server(server: ServeTinyProcess) -> None:
     server.stop()
     if server in _RUNNING:
         _RUNNING.remove(server)
+
+
+def load_script(folder: str, name: str):
+    """`folder/name.py` of the repository (examples/, benchmarks/: scripts, not a package) as a
+    module, once per session; its folder is importable, as when the script runs."""
+    module_name = f"{folder}_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    directory = Path(__file__).resolve().parent.parent / folder
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    spec = importlib.util.spec_from_file_location(module_name, directory / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module   # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

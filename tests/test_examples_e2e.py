@@ -3,23 +3,12 @@ cannot rot: both finish, and every call the dispatcher ran was in that turn's al
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+from conftest import load_script
 
 
 def load_example(name: str):
-    if str(EXAMPLES) not in sys.path:   # the examples share examples/agent_app.py, as scripts do
-        sys.path.insert(0, str(EXAMPLES))
-    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module   # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples", name)   # they share examples/agent_app.py, as scripts do
 
 
 @pytest.mark.server

@@ -15,23 +15,14 @@ Sizes: ``VLLM_ALLOWED_TOOLS_OUTAGE_ROUNDS`` (default 2 rounds of 6 requests per 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import start_cli_server, stop_cli_server
+from conftest import load_script, start_cli_server, stop_cli_server
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "reliability.py"
-if "vllm_allowed_tools_reliability" in sys.modules:
-    rel = sys.modules["vllm_allowed_tools_reliability"]
-else:
-    _SPEC = importlib.util.spec_from_file_location("vllm_allowed_tools_reliability", _PATH)
-    rel = importlib.util.module_from_spec(_SPEC)
-    sys.modules[_SPEC.name] = rel
-    _SPEC.loader.exec_module(rel)
+rel = load_script("benchmarks", "reliability")
 
 pytestmark = pytest.mark.server
 

@@ -17,22 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import json
 import os
-import sys
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import start_cli_server, stop_cli_server
+from conftest import load_script, start_cli_server, stop_cli_server
 
-_PATH = Path(__file__).resolve().parent.parent / "benchmarks" / "reliability.py"
-_SPEC = importlib.util.spec_from_file_location("vllm_allowed_tools_reliability", _PATH)
-rel = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = rel
-_SPEC.loader.exec_module(rel)
+rel = load_script("benchmarks", "reliability")
 
 FUZZ_EXAMPLES = int(os.environ.get("VLLM_ALLOWED_TOOLS_FUZZ_EXAMPLES", "200"))
 LOAD_REQUESTS = int(os.environ.get("VLLM_ALLOWED_TOOLS_LOAD_REQUESTS", "24"))
@@ -118,7 +111,7 @@ NON_LIST_MEMBERS = {"type": "namespace", "name": "crm", "tools": 3}
 
 
 def test_catalog_policy_reads_a_namespace_with_non_list_members():
-    from vllm_allowed_tools.response.guard import AllowedNames
+    from vllm_allowed_tools.response import AllowedNames
 
     policy = AllowedNames.from_request({"tools": [NON_LIST_MEMBERS, {
         "type": "function", "name": "get_weather"}]}, "responses")
@@ -172,7 +165,7 @@ def test_upstream_named_choice_with_malformed_tools_names_the_field(random_serve
 
 
 def test_cancelled_guarded_receive_leaves_no_pending_task():
-    from vllm_allowed_tools.vllm_glue.middleware import _Stop
+    from vllm_allowed_tools.vllm_glue.guarded_send import StopSignal as _Stop
 
     async def scenario() -> list:
         never = asyncio.Event()

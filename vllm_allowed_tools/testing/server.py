@@ -121,6 +121,13 @@ def template_for_parser(parser: str) -> Path:
         return template_path("hermes")
 
 
+def log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     os.setsid()
     with contextlib.suppress(Exception):
@@ -145,10 +152,7 @@ class TinyServer:
         return f"http://{self.host}:{self.port}"
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return log_tail(self.log_path, lines)
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """Terminate the whole process group (API server, engine core, workers)."""
@@ -227,7 +231,7 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
 class _OutputLines:
     """Reads a child's output on a thread, so waiting for one line can give up at a deadline."""
 
-    def __init__(self, stream: IO[str], keep: int = 200) -> None:
+    def __init__(self, stream: IO[str], keep: int = 80) -> None:
         self._lines: queue.Queue[str | None] = queue.Queue()
         self.last: deque[str] = deque(maxlen=keep)
         self.ended = False
@@ -272,10 +276,7 @@ class ServeTinyProcess:
         return self.log_path.read_text(errors="replace")
 
     def log_tail(self, lines: int = 80) -> str:
-        try:
-            return "\n".join(self.log_text().splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def client(self, **kwargs: Any) -> Any:
         from openai import OpenAI
@@ -326,15 +327,8 @@ def start_serve_tiny(flavour: str = "random", *, options: Sequence[str] = (),
         _stop_child(process, 30.0)
         why = (f"printed no URL within {timeout:.0f}s and was stopped" if hung
                else f"exited with code {process.returncode}")
-        raise ServeError(f"serve-tiny ({flavour}) {why}; its output ends with:\n"
-                         + "\n".join(list(output.last)[-30:])
-                         + f"\nthe server log ({log_path}) ends with:\n{_tail(log_path)}")
+        said = "\n".join(output.last)   # when it exits on an error, that names the log and quotes it
+        log = f"\nthe server log ({log_path}) ends with:\n{log_tail(log_path)}" if hung or not said else ""
+        raise ServeError(f"serve-tiny ({flavour}) {why}; its output ends with:\n{said}{log}")
     return ServeTinyProcess(process=process, base_url=url, log_path=log_path, flavour=flavour,
                             output=output)
-
-
-def _tail(path: Path, chars: int = 6000) -> str:
-    try:
-        return path.read_text(errors="replace")[-chars:]
-    except OSError:
-        return "(no log)"
