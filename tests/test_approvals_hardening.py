@@ -27,9 +27,9 @@ from vllm_allowed_tools.approvals import (
     SQLiteGrantStore,
     ToolCallApproval,
     open_engine,
+    open_store,
 )
 from vllm_allowed_tools.approvals import cli as approvals_cli
-from vllm_allowed_tools.approvals import open_store
 from vllm_allowed_tools.approvals.hints import check_hints
 from vllm_allowed_tools.approvals.wire import ResponseApprovals, principal_from_headers
 from vllm_allowed_tools.request import ToolIdentity, resolve_allowlist

@@ -90,10 +90,9 @@ class PostgresGrantStore(SQLStore):
                 yield _PgCursor(raw, self._sql)
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        with self._store_errors():
-            with self._conn().cursor() as cur:
-                cur.execute(self._sql(sql), tuple(params))
-                return cur.fetchall()
+        with self._store_errors(), self._conn().cursor() as cur:
+            cur.execute(self._sql(sql), tuple(params))
+            return cur.fetchall()
 
     def close(self) -> None:
         with self._all_lock:
