@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from vllm_allowed_tools.response.guard import ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
+from vllm_allowed_tools.response import ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.request.rewrite import WireAllowlist
 from vllm_allowed_tools.response.sse import SSEFramer
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, open_engine
+from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import (
-    ApprovalStream,
     ResponseApprovals,
     WithoutGated,
     direct_events,
@@ -18,7 +18,7 @@ from vllm_allowed_tools.approvals.wire import (
     session_of,
     strip_approval_hints,
 )
-from vllm_allowed_tools.response.guard import AllowedNames
+from vllm_allowed_tools.response import AllowedNames
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 

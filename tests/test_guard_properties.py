@@ -2,7 +2,7 @@
 
 For any chunking of any recorded stream (plus variants with a call's name split over several
 chunks, or a Responses call whose name arrives only at its ``done`` events), run through
-:class:`~vllm_allowed_tools.response.guard.GuardedSSE`:
+:class:`~vllm_allowed_tools.response.GuardedSSE`:
 
 * with every called tool allowed, the output is the input, byte for byte (event for event);
 * with one called tool disallowed, no byte of any call to it (id, call id, name, arguments, not
@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guard import chat_calls
 
-from vllm_allowed_tools.response.guard import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
+from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 

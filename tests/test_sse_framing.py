@@ -3,7 +3,7 @@
 * Property: random event streams, encoded with random line endings (LF, CR, CRLF, mixed), fed to
   :class:`~vllm_allowed_tools.response.sse.SSEFramer` in random chunkings (cuts between a CR and its LF
   included) yield exactly the events of the unsplit stream, which are the events that were encoded.
-* The guard (:class:`~vllm_allowed_tools.response.guard.GuardedSSE`) over recorded vLLM streams re-framed
+* The guard (:class:`~vllm_allowed_tools.response.GuardedSSE`) over recorded vLLM streams re-framed
   with CRLF / CR and cut between CR and LF: a disallowed call is caught, allowed streams pass byte
   for byte; data it cannot read ends the stream as a violation; a partial trailing event is not
   forwarded.
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_allowed_tools import metrics
-from vllm_allowed_tools.response.guard import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
+from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 
@@ -308,7 +308,7 @@ def _serve(status: int, headers: list[tuple[bytes, bytes]], bodies: list[bytes],
     ``_GuardedSend``, as it wraps a plain Chat request (``tool_choice: required`` over two pool
     tools; ``tools=False``: no tools, so no policy): (status, lowercased headers, body the client
     got, whether the app was told to stop)."""
-    from vllm_allowed_tools.vllm_glue.middleware import _GuardedSend, _Stop
+    from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
 
     policy = AllowedNames(tool.name for tool in POOL[:2]) if tools else None
     stop = _Stop()
@@ -416,7 +416,7 @@ def test_error_answers_and_requests_without_tools_pass_as_they_are():
 @pytest.mark.parametrize("content_type", [b"application/json", b"text/event-stream"])
 def test_a_body_sent_past_the_guard_is_refused(content_type):
     """``http.response.pathsend`` (a body from a file, an ASGI extension) never passes the guard."""
-    from vllm_allowed_tools.vllm_glue.middleware import _GuardedSend, _Stop
+    from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
 
     before = _unreadable()
     sent: list[dict[str, Any]] = []

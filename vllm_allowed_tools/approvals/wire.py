@@ -1,55 +1,12 @@
-"""Approvals on the wire: pure functions over Responses JSON bodies and stream events (no vLLM).
+"""Approvals on the wire: pure functions over Responses request and response bodies (no vLLM).
 
-The ASGI middleware calls these; everything here is testable without a server.
-
-Request side (:func:`prepare_request`): the client's ``input`` may carry ``elicitation`` items (echoes
-of what we sent) and ``elicitation_response`` items (its decisions). Responses are applied against
-the server's own records (:meth:`ApprovalEngine.resolve_all`), never the client's echo. Then:
-
-* an ``accept`` is released only if this request could have made the call: it has tools, the tool
-  is among them with the approved definition, its ``tool_choice`` is not ``none`` and an allowlist
-  or named choice includes the tool. Otherwise a 400 ``tool_not_allowed_this_turn`` (``param``:
-  the response's ``input[i]``) before anything is consumed: the client resends the same answer with
-  a ``tool_choice`` that allows the tool;
-* if any response **accepted** a call just now, the request is answered directly with exactly the
-  recorded call(s) as ``function_call`` items: no model call is needed (function tools run on the
-  client). Declines in the same request reach the model on the next turn, from the history;
-* answers are idempotent: the same answer again (same action and scope, the same or a new response
-  id) to an accepted elicitation whose call is not in the history (a lost reply, a retry, the loser
-  of a race, a request cut short by a store failure) is answered with the same release again:
-  the same ``call_id``, arguments and item ``id`` (derived from the elicitation id), and no new
-  grant. With the call in the history it is a no-op. A different answer to a closed elicitation is
-  a 409 ``elicitation_consumed`` (also when it lost a race to the other answer);
-* otherwise both item types are removed before vLLM sees the input (it would reject them), and each
-  echoed elicitation becomes what the model should see: the proposed ``function_call`` and its
-  decline as the ``function_call_output``. An **accepted** elicitation is never shown as declined:
-  with its call in the history it is dropped (the call and its real output are there), with only
-  its ``function_call_output`` in the history the call is shown before it, and with neither it is
-  dropped (the server released the call but does not know its result; saying "declined" would be
-  false). The model then continues with the declines in view.
-
-Response side (:class:`ResponseApprovals`): every ``function_call`` leaving the server goes through
-:meth:`ApprovalEngine.propose_all`: released calls pass, a gated call without a live grant is
-replaced by its ``elicitation`` item (unary and streamed, at the same ``output_index``), and a call
-that needs an approval no scope can give is withheld.
-
-The grant store unavailable (:class:`~.errors.GrantStoreUnavailable`, 503): fail closed. The glue
-answers a request that may call a gated tool (or carries approval items) with the 503 before any
-generation when :meth:`ResponseApprovals.may_call_gated` and the store's ping say so; a store that
-fails later, when a gated call is decided, turns a unary answer into the 503 and ends a stream with
-one ``response.failed`` (:meth:`ApprovalStream.fail`, error code ``grant_store_unavailable``): the
-gated call is never released. Requests that cannot call a gated tool do not touch the store.
-
-Who is asking: the principal is derived from the request's credential (``Authorization: Bearer``,
-an HMAC under the grant store's secret: :func:`principal_from_headers`), never from a field the
-client can simply assert; without a credential, one documented anonymous principal. The session is
-the Responses ``conversation`` id, else ``prompt_cache_key`` (Codex sends its session id there),
-else none (then the ``session`` scope is not offered).
+The request side applies a client's elicitation answers (:func:`prepare_request`); the response
+side decides which calls leave as elicitations (:class:`ResponseApprovals`). The rules:
+``docs/response-path.md``.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import hmac
 import secrets
@@ -60,8 +17,8 @@ from ..request import ToolIdentity, TurnAllowlist
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
 from .errors import ApprovalInputError
-from .items import ToolCallApproval, parse_input_items
 from .hints import approval_hint
+from .items import ToolCallApproval, parse_input_items
 
 ANONYMOUS = "anonymous"
 
@@ -148,7 +105,7 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
     """Apply the request's elicitation responses; raises ApprovalInputError (4xx) on bad items.
 
     ``catalog`` is this request's tool policy (None: the request has no tools): an ``accept`` is
-    released only if this turn could have made the call (see the module docstring)."""
+    released only if this turn could have made the call (``docs/response-path.md``)."""
     items = body.get("input")
     if not isinstance(items, list):
         return Prepared(body, None, False)
@@ -287,136 +244,6 @@ class ResponseApprovals:
             new_output.append(item)
         response["output"] = new_output
         return response
-
-
-class ApprovalStream:
-    """Streaming: hold each function_call item's events until its ``output_item.done``, then send
-    it as is, as an ``elicitation`` (added + done at the same output_index), or not at all.
-    Sequence numbers are renumbered so they stay strictly increasing; output indexes of later items
-    shift down when a call is withheld.
-
-    Decisions may need the grant store. An async caller asks :meth:`pending_calls` first, decides
-    those calls off the event loop (``ResponseApprovals.decide`` in a thread) and hands the result
-    to :meth:`feed`; on :class:`~.errors.GrantStoreUnavailable` it sends :meth:`fail` instead and
-    ends the stream. Without decisions, :meth:`feed` decides inline."""
-
-    def __init__(self, approvals: ResponseApprovals) -> None:
-        self.approvals = approvals
-        self._held: dict[int, list[dict[str, Any]]] = {}
-        self._decisions: dict[str, dict[str, Any] | None] = {}
-        self._passed: set[str] = set()          # call ids sent as they were (no approval needed)
-        self._next_seq: int | None = None
-        self._withheld_before: list[int] = []   # output indexes withheld so far
-        self._snapshot: dict[str, Any] | None = None
-        self._sent: dict[int, dict[str, Any]] = {}   # output index -> item as last sent
-        self._done: set[int] = set()
-
-    def pending_calls(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The function calls that feeding ``event`` will decide: the held call its
-        ``output_item.done`` completes, or calls a terminal snapshot carries that no event
-        announced (never passed unchecked)."""
-        kind = event.get("type", "")
-        index = event.get("output_index")
-        if kind == "response.output_item.done" and index in self._held:
-            item = event.get("item")
-            return [dict(item)] if isinstance(item, Mapping) else []
-        response = event.get("response")
-        if isinstance(response, Mapping) and kind in ("response.completed", "response.incomplete",
-                                                      "response.failed"):
-            return [dict(item) for item in response.get("output") or ()
-                    if isinstance(item, Mapping) and item.get("type") == "function_call"
-                    and item.get("call_id") not in self._decisions
-                    and item.get("call_id") not in self._passed]
-        return []
-
-    def feed(self, event: dict[str, Any],
-             decisions: Mapping[str, dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
-        kind = event.get("type", "")
-        index = event.get("output_index")
-        item = event.get("item") if isinstance(event.get("item"), Mapping) else None
-        if kind in ("response.created", "response.in_progress", "response.queued") \
-                and isinstance(event.get("response"), dict):
-            self._snapshot = event["response"]
-        if kind == "response.output_item.added" and item and item.get("type") == "function_call":
-            self._held[index] = [event]
-            return []
-        if index in self._held:
-            self._held[index].append(event)
-            if kind != "response.output_item.done":
-                return []
-            events = self._held.pop(index)
-            decision = dict(decisions) if decisions is not None else self.approvals.decide([item])
-            self._decisions.update(decision)
-            call_id = item.get("call_id")
-            if call_id not in decision:
-                self._passed.add(call_id)
-                return [self._track(self._number(e)) for e in events]
-            replacement = decision[call_id]
-            if replacement is None:
-                self._withheld_before.append(index)
-                return []
-            out_index = self._shift(index)
-            return [self._track(self._number({"type": "response.output_item.added",
-                                              "output_index": out_index, "item": replacement})),
-                    self._track(self._number({"type": "response.output_item.done",
-                                              "output_index": out_index, "item": replacement}))]
-        if isinstance(event.get("response"), dict) and kind in (
-                "response.completed", "response.incomplete", "response.failed"):
-            event = copy.copy(event)
-            late = self.pending_calls(event)
-            if late:   # calls only the snapshot carries: decided now, never passed unchecked
-                self._decisions.update(dict(decisions) if decisions is not None
-                                       else self.approvals.decide(late))
-                self._passed.update(str(call.get("call_id")) for call in late
-                                    if call.get("call_id") not in self._decisions)
-            event["response"] = self.approvals.apply_to_response(dict(event["response"]),
-                                                                 self._decisions)
-        if isinstance(index, int) and self._withheld_before:
-            event = {**event, "output_index": self._shift(index)}
-        return [self._track(self._number(event))]
-
-    def fail(self, error: Exception) -> list[dict[str, Any]]:
-        """The events that end the stream when a decision could not be made (the store is down):
-        items the client saw open are closed as ``incomplete``, then one ``response.failed`` with
-        the error (``code``, ``message``). Held calls are never shown."""
-        out: list[dict[str, Any]] = []
-        output: list[dict[str, Any]] = []
-        for index in sorted(self._sent):
-            item = dict(self._sent[index])
-            if index not in self._done:
-                item["status"] = "incomplete"
-                out.append(self._number({"type": "response.output_item.done",
-                                         "output_index": index, "item": item}))
-            output.append(item)
-        response = copy.deepcopy(self._snapshot) if self._snapshot is not None else {
-            "object": "response"}
-        response.update(status="failed", output=output, incomplete_details=None,
-                        error={"code": getattr(error, "code", "server_error"),
-                               "message": getattr(error, "message", str(error))})
-        out.append(self._number({"type": "response.failed", "response": response}))
-        return out
-
-    def _track(self, event: dict[str, Any]) -> dict[str, Any]:
-        kind, index, item = event.get("type"), event.get("output_index"), event.get("item")
-        if isinstance(index, int) and isinstance(item, Mapping):
-            if kind == "response.output_item.added":
-                self._sent[index] = dict(item)
-            elif kind == "response.output_item.done":
-                self._sent[index] = dict(item)
-                self._done.add(index)
-        return event
-
-    def _shift(self, index: int) -> int:
-        return index - sum(1 for withheld in self._withheld_before if withheld < index)
-
-    def _number(self, event: dict[str, Any]) -> dict[str, Any]:
-        if "sequence_number" not in event and self._next_seq is None:
-            return event
-        if self._next_seq is None:
-            self._next_seq = int(event["sequence_number"])
-        event = {**event, "sequence_number": self._next_seq}
-        self._next_seq += 1
-        return event
 
 
 class WithoutGated:

@@ -19,29 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from collections.abc import Awaitable, Callable
+import sys
 from dataclasses import replace
 from typing import Any
 
 from ..approvals.errors import GrantStoreUnavailable
-from ..approvals.wire import ApprovalStream, WithoutGated
+from ..approvals.wire import WithoutGated
 from ..errors import AllowedToolsError
-from ..response.guard import (
-    AllowedToolsViolation,
-    AllowedNames,
-    ChatStreamGuard,
-    GuardedSSE,
-    ResponsesStreamGuard,
-    check_chat_completion,
-    check_responses_object,
-    request_tools,
-    unreadable_violation,
-)
-from ..metrics import record_fallback, record_violation
-from ..request.rewrite import Api, filter_catalog, restore_echo, rewrite_request
-from ..response.sse import SSEEvent, SSEFramer
+from ..metrics import record_fallback
+from ..request.rewrite import Api, filter_catalog, rewrite_request
+from ..response import AllowedNames, request_tools
+from ..response.asgi import Receive, Scope, Send
+from ..response.sse import SSEEvent
 from .authentication import find_authentication
+from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
 from .routes import (
     RouteDecision,
     carries_tools,
@@ -51,15 +42,9 @@ from .routes import (
     matched_template,
 )
 
-logger = logging.getLogger(__name__)
-
 #: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
 CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The whole request body; the flag says the client disconnected while sending it."""
@@ -73,21 +58,6 @@ async def _read_body(receive: Receive) -> tuple[bytes, bool]:
             return b"".join(chunks), False
 
 
-def _with_content_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
-    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-    return kept + [(b"content-length", str(length).encode())]
-
-
-def _error_headers(exc: Exception) -> list[tuple[bytes, bytes]]:
-    retry = getattr(exc, "retry_after", None)
-    return [(b"retry-after", str(retry).encode())] if retry else []
-
-
-def _log_store_down(exc: GrantStoreUnavailable) -> None:
-    logger.error("vllm-allowed-tools: grant store unavailable, gated calls refused (503): %s",
-                 exc.detail)
-
-
 async def _send_json(send: Send, status: int, payload: dict[str, Any],
                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps(payload).encode()
@@ -97,274 +67,10 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any],
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-class _Stop:
-    """Set once a stream was ended by the guard: the app is then told the client went away (its
-    streaming response stops and vLLM aborts the engine request) and anything it still sends is
-    dropped."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def receive(self, body: bytes, receive: Receive) -> Receive:
-        """Replay `body` once, then the real receive, raced against the stop signal."""
-        sent = False
-
-        async def guarded_receive() -> Message:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            if self.event.is_set():
-                return {"type": "http.disconnect"}
-            real = asyncio.ensure_future(receive())
-            stop = asyncio.ensure_future(self.event.wait())
-            try:
-                done, _ = await asyncio.wait({real, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:   # also when the app cancels this receive: leave no task pending
-                for task in (real, stop):
-                    if not task.done():
-                        task.cancel()
-            if real in done:
-                message = real.result()
-                if message.get("type") == "http.disconnect":
-                    # the client left: every other listener (Starlette's, vLLM's) hears it too,
-                    # even one still waiting on a receive the server already woke once
-                    self.event.set()
-                return message
-            return {"type": "http.disconnect"}
-
-        return guarded_receive
-
-
-#: ASGI extensions that send a response body without ``http.response.body`` messages
-_BODY_ELSEWHERE = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
-
-
-def _media_type(headers: Any) -> tuple[str | None, bool]:
-    """(the response's media type, lowercased without parameters or None when it has none; whether
-    its body is encoded, e.g. compressed). Header names are compared case-insensitively (ASGI says
-    lowercase; nothing here relies on it). Several different content types read as none."""
-    types: set[str] = set()
-    encoded = False
-    for name, value in headers or ():
-        name = bytes(name).lower()
-        text = bytes(value).decode("latin-1").split(";", 1)[0].strip().lower()
-        if name == b"content-type":
-            types.add(text)
-        elif name == b"content-encoding" and text not in ("", "identity"):
-            encoded = True
-    return (types.pop() if len(types) == 1 else None), encoded
-
-
-class _GuardedSend:
-    """Wraps `send`: the output guard on every call leaving the server, and, for an allowed-tools
-    Responses request, the client's own tool_choice restored in every response object.
-
-    While a policy applies, every 2xx answer is guarded: ``application/json`` as a whole body,
-    ``text/event-stream`` event by event (media types compared case-insensitively, parameters
-    ignored). A 2xx answer the guard cannot read (another or no content type, an encoded body, a
-    JSON body that does not parse to an object) is refused like a call outside the policy: 500
-    ``allowed_tools_violation``, counted under source ``unreadable``. Non-2xx answers pass as they
-    are: they are vLLM's own error bodies, which never carry a tool call.
-    """
-
-    def __init__(self, send: Send, api: Api, policy: Any, echo: tuple[bool, Any], stop: _Stop,
-                 spec_version: tuple[int, ...], approvals: Any = None) -> None:
-        self._approvals = approvals
-        self._approval_stream = ApprovalStream(approvals) if approvals is not None else None
-        self._send = send
-        self._api = api
-        self._policy = policy
-        self._restore, self._original = echo
-        self._stop = stop
-        self._spec_version = spec_version
-        self._mode: str | None = None
-        self._start: Message | None = None
-        self._buffer = b""
-        self._guard: GuardedSSE | None = None
-        self._framer = SSEFramer()
-        self._finished = False
-        self._unreadable = ""   # what made a 2xx answer unreadable
-
-    async def __call__(self, message: Message) -> None:
-        if self._finished:
-            if self._spec_version >= (2, 4):
-                raise OSError("the allowed-tools guard ended this stream")
-            return   # the app is being told the client left; drop what it still sends
-        if message["type"] == "http.response.start":
-            status = message.get("status")
-            media, encoded = _media_type(message.get("headers"))
-            if self._policy is None or not (isinstance(status, int) and 200 <= status < 300):
-                # No policy, or not a success: vLLM's error bodies (4xx/5xx) carry no tool calls,
-                # so they pass as they are, whatever their content type.
-                self._mode = "raw"
-            elif encoded or media not in ("application/json", "text/event-stream"):
-                self._mode = "unreadable"   # refused at the first body
-                self._unreadable = ("an encoded (compressed) body" if encoded else
-                                    f"content type {media!r}" if media else "no single content type")
-                return
-            elif media == "application/json":
-                self._mode, self._start = "json", message   # hold until the body is complete
-                return
-            else:
-                self._mode = "sse"
-                self._guard = GuardedSSE(ResponsesStreamGuard(self._policy) if self._api == "responses"
-                                         else ChatStreamGuard(self._policy))
-            await self._send(message)
-            return
-        if self._mode != "raw" and message["type"] in _BODY_ELSEWHERE:
-            # a body the guard never sees (sent from a file by the server): refused like any
-            # other body it cannot read
-            violation = unreadable_violation(f"a body sent as {message['type']}")
-            if self._guard is None:
-                await self._refuse(violation, stop=False)
-                return
-            logger.error("vllm-allowed-tools: ended a stream the guard cannot read: %s", violation)
-            self._finished = True
-            await self._send({"type": "http.response.body", "body": self._guard.refuse(violation),
-                              "more_body": False})
-            self._stop.event.set()
-            return
-        if message["type"] != "http.response.body" or self._mode == "raw":
-            await self._send(message)
-            return
-        if self._mode == "unreadable":
-            await self._refuse(unreadable_violation(f"a 2xx answer with {self._unreadable}"),
-                               stop=message.get("more_body", False))
-            return
-        if self._mode == "json":
-            await self._unary(message)
-        else:
-            await self._stream(message)
-
-    async def _unary(self, message: Message) -> None:
-        self._buffer += message.get("body", b"")
-        if message.get("more_body", False):
-            return
-        start = dict(self._start or {})
-        body = self._buffer
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        if not isinstance(data, dict):
-            await self._refuse(unreadable_violation("a JSON body that does not parse to an object"),
-                               stop=False)
-            return
-        try:
-            if self._api == "responses":
-                check_responses_object(data, self._policy)
-            else:
-                check_chat_completion(data, self._policy)
-            if self._approvals is not None:
-                calls = [item for item in data.get("output") or ()
-                         if isinstance(item, dict) and item.get("type") == "function_call"]
-                decisions = await asyncio.to_thread(self._approvals.decide, calls) \
-                    if calls else {}
-                self._approvals.apply_to_response(data, decisions)
-            if self._restore:
-                restore_echo(data, self._original)
-            if self._approvals is not None or self._restore:
-                body = json.dumps(data).encode()
-        except AllowedToolsViolation as violation:
-            logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
-            body = json.dumps(violation.to_openai()).encode()
-            start["status"] = violation.status
-        except GrantStoreUnavailable as exc:
-            _log_store_down(exc)
-            body = json.dumps(exc.to_openai()).encode()
-            start["status"] = exc.status
-            start["headers"] = list(start.get("headers", [])) + _error_headers(exc)
-        start["headers"] = _with_content_length(list(start.get("headers", [])), len(body))
-        await self._send(start)
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
-
-    async def _refuse(self, violation: AllowedToolsViolation, *, stop: bool) -> None:
-        """Answer with ``violation`` in place of a body the guard cannot read (counted); ``stop``:
-        the app is still sending (a stream), so it is told the client left (vLLM aborts the
-        engine request) and what it still sends is dropped."""
-        record_violation(violation.source)
-        logger.error("vllm-allowed-tools: refused a response the guard cannot read: %s", violation)
-        self._finished = True
-        body = json.dumps(violation.to_openai()).encode()
-        await self._send({"type": "http.response.start", "status": violation.status,
-                          "headers": [(b"content-type", b"application/json"),
-                                      (b"content-length", str(len(body)).encode())]})
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
-        if stop:
-            self._stop.event.set()
-
-    async def _stream(self, message: Message) -> None:
-        assert self._guard is not None
-        more = message.get("more_body", False)
-        out = self._guard.feed(message.get("body", b""))
-        if not more and not self._guard.terminal:
-            out += self._guard.close()
-        if self._restore or self._approval_stream is not None:
-            out, store_down = await self._post_process(out, final=not more or self._guard.terminal)
-            if store_down is not None:
-                _log_store_down(store_down)
-                self._finished = True
-                await self._send({"type": "http.response.body", "body": out, "more_body": False})
-                self._stop.event.set()   # vLLM aborts the engine request
-                return
-        if self._guard.terminal:
-            logger.error("vllm-allowed-tools: ended a stream at a call outside the policy: %s",
-                         self._guard.violation)
-            self._finished = True
-            await self._send({"type": "http.response.body", "body": out, "more_body": False})
-            self._stop.event.set()   # the app hears "client disconnected": vLLM aborts the request
-            return
-        await self._send({"type": "http.response.body", "body": out, "more_body": more})
-
-    async def _post_process(self, chunk: bytes,
-                            final: bool) -> tuple[bytes, GrantStoreUnavailable | None]:
-        """After the guard: approvals (gated calls become elicitations) and the tool_choice echo.
-        Returns the bytes to send, and the store error when a decision failed (then the bytes end
-        with the stream's ``response.failed`` and nothing more may be sent)."""
-        out = []
-        events = self._framer.feed(chunk)
-        if final:
-            events += self._framer.close()
-        for event in events:
-            data = event.json()
-            if not isinstance(data, dict):
-                out.append(event.raw)
-                continue
-            if self._approval_stream is not None:
-                decisions = None
-                pending = self._approval_stream.pending_calls(data)
-                if pending:
-                    try:
-                        decisions = await asyncio.to_thread(self._approvals.decide, pending)
-                    except GrantStoreUnavailable as exc:
-                        for item in self._approval_stream.fail(exc):
-                            if self._restore and isinstance(item.get("response"), dict):
-                                item = {**item, "response": restore_echo(dict(item["response"]),
-                                                                         self._original)}
-                            out.append(SSEEvent.encode(item, item["type"]))
-                        return b"".join(out), exc
-                events = self._approval_stream.feed(data, decisions)
-            else:
-                events = [data]
-            for item in events:
-                if item is data and not (self._restore and isinstance(data.get("response"), dict)):
-                    out.append(event.raw)
-                    continue
-                if self._restore and isinstance(item.get("response"), dict):
-                    item = {**item, "response": restore_echo(dict(item["response"]), self._original)}
-                out.append(SSEEvent.encode(item, item.get("type") or event.event))
-        if final:
-            out.append(self._framer.flush())
-        return b"".join(out), None
-
-
 class AllowedToolsMiddleware:
     """Resolve and rewrite allowed-tools requests; answer invalid selections with a 400."""
 
-    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
-        import sys
-
+    def __init__(self, app: Any) -> None:
         from .capabilities import activate, check_server_args
         # fail at start-up, not per request, when we could not enforce
         self.capabilities = check_server_args(sys.argv)
@@ -378,11 +84,8 @@ class AllowedToolsMiddleware:
             log_route_table(self._router)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope.get("type") != "http":
-            await self.app(scope, receive, send)
-            return
-        if self._auth is not None and not self._auth.accepts(scope):
-            # vLLM's own 401, before we read the body or touch the grant store
+        if scope.get("type") != "http" or (self._auth is not None and not self._auth.accepts(scope)):
+            # not HTTP, or vLLM's own 401 before we read the body or touch the grant store
             await self.app(scope, receive, send)
             return
         route = _route(self._router, scope)
@@ -405,8 +108,13 @@ class AllowedToolsMiddleware:
                 await _send_json(send, 400, _unguarded_endpoint(scope, route.template, key).to_openai())
                 return
             # no tools, or not a JSON object: vLLM answers as it always does
-            await self.app(scope, _Stop().receive(body, receive), send)
+            await self.app(scope, StopSignal().receive(body, receive), send)
             return
+        await self._guarded(scope, receive, send, data, body, route)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, data: dict, body: bytes,
+                       route: RouteDecision) -> None:
+        """A tool-bearing request: rewritten for vLLM, its answer guarded on the way out."""
         api: Api = route.api   # type: ignore[assignment]
         render = route.decision == "render"
         try:
@@ -417,41 +125,49 @@ class AllowedToolsMiddleware:
         except AllowedToolsError as exc:
             await _send_json(send, exc.status, exc.to_openai())
             return
-        if self.capabilities.filter_catalog and rewritten.policy is not None \
-                and rewritten.policy.has_allowlist:
-            rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.policy))
+        if self.capabilities.filter_catalog and rewritten.allowlist is not None \
+                and rewritten.allowlist.has_allowlist:
+            rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
         policy = _output_policy(rewritten, data, api)
         approvals = None
         if self.approvals is not None:
-            try:
-                if api == "responses":   # it may read and write the grant store: off the loop
-                    rewritten, approvals, direct = await asyncio.to_thread(
-                        self._approvals, scope, data, rewritten, api, render)
-                else:
-                    rewritten, approvals, direct = self._approvals(scope, data, rewritten, api,
-                                                                   render)
-            except AllowedToolsError as exc:
-                if isinstance(exc, GrantStoreUnavailable):
-                    _log_store_down(exc)
-                await _send_json(send, exc.status, exc.to_openai(), _error_headers(exc))
-                return
-            if direct is not None:
-                await _send_direct(send, data, direct, rewritten.original_tool_choice)
-                return
+            prepared = await self._prepare_approvals(scope, send, data, rewritten, api, render)
+            if prepared is None:
+                return   # answered already
+            rewritten, approvals = prepared
             if api == "chat" and policy is not None:
                 policy = WithoutGated(policy, self.approvals, data)
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
-            scope = dict(scope, headers=_with_content_length(list(scope.get("headers", [])), len(body)))
-        stop = _Stop()
-        allowlist = rewritten.policy is not None and rewritten.policy.has_allowlist
+            scope = dict(scope, headers=with_content_length(list(scope.get("headers", [])), len(body)))
+        stop = StopSignal()
+        allowlist = rewritten.allowlist is not None and rewritten.allowlist.has_allowlist
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
-        send = _GuardedSend(send, api, policy, (api == "responses" and allowlist,
-                                                rewritten.original_tool_choice), stop, spec,
-                            approvals)
+        send = GuardedSend(send, api, policy, (api == "responses" and allowlist,
+                                               rewritten.original_tool_choice), stop, spec, approvals)
         await self.app(scope, stop.receive(body, receive), send)
+
+    async def _prepare_approvals(self, scope: Scope, send: Send, data: dict, rewritten: Any,
+                                 api: Api, render: bool) -> tuple[Any, Any] | None:
+        """(the rewritten request, the response-side approvals or None); None when the request
+        was answered here (an error, or calls released by an approval without the model)."""
+        try:
+            if api == "responses":   # it may read and write the grant store: off the loop
+                rewritten, approvals, direct = await asyncio.to_thread(
+                    self._approvals, scope, data, rewritten, api, render)
+            else:
+                rewritten, approvals, direct = self._approvals(scope, data, rewritten, api, render)
+        except AllowedToolsError as exc:
+            if isinstance(exc, GrantStoreUnavailable):
+                log_store_down(exc)
+            await _send_json(send, exc.status, exc.to_openai(), error_headers(exc))
+            return None
+        if direct is not None:
+            await _send_direct(send, data, direct, rewritten.original_tool_choice)
+            return None
+        return rewritten, approvals
 
     def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api, render: bool):
         """(rewritten request, the response-side approvals or None, calls to release directly).
@@ -476,7 +192,7 @@ class AllowedToolsMiddleware:
         principal = principal_from_headers(scope.get("headers", []),
                                            self.approvals.store.principal_secret)
         session = session_of(data)
-        catalog = rewritten.policy or resolve_callable_catalog(data, "responses")
+        catalog = rewritten.allowlist or resolve_callable_catalog(data, "responses")
         prepared = prepare_request(self.approvals, body, principal=principal, session=session,
                                    catalog=catalog)
         if prepared.direct_output is not None:
@@ -505,8 +221,8 @@ async def _send_direct(send: Send, body: dict, output: list[dict], original_tool
 def _output_policy(rewritten: Any, body: dict, api: Api) -> Any:
     """What the guard checks calls against: the allowlist when the turn has one, else the catalog
     (a call to a name the request never offered is refused in every mode); None without tools."""
-    if rewritten.policy is not None and rewritten.policy.has_allowlist:
-        return rewritten.policy
+    if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
+        return rewritten.allowlist
     if body.get("tools"):
         return AllowedNames.from_request(body, api)
     return None

@@ -1,0 +1,141 @@
+"""Approvals as a step on a Responses stream: a gated call leaves as its elicitation, or not at all."""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from ..response import NEXT_NUMBER, ResponsesStream, run_sync
+from ..response.responses_stream import Steps
+from .errors import GrantStoreUnavailable
+from .wire import ResponseApprovals
+
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+class ApprovalStream:
+    """Hold each function_call item's events until its ``output_item.done``, then pass it as is,
+    as an ``elicitation`` (added + done at the same output_index), or not at all; later output
+    indexes shift down past a withheld call (``docs/response-path.md``).
+
+    A decision may need the grant store: as a step (:meth:`process`) it asks for it as a request
+    the driver answers off the event loop; :class:`GrantStoreUnavailable` thrown back ends the
+    stream (``response.failed``). Standalone (``stream`` omitted) :meth:`feed` takes decisions made
+    by the caller (:meth:`pending_calls` says which calls), or decides inline; :meth:`fail` ends it.
+    """
+
+    def __init__(self, approvals: ResponseApprovals, stream: ResponsesStream | None = None) -> None:
+        self.approvals = approvals
+        self.stream = stream if stream is not None else ResponsesStream()
+        self.stream.steps.append(self)
+        self._held: dict[int, list[dict[str, Any]]] = {}
+        self._decisions: dict[str, dict[str, Any] | None] = {}
+        self._passed: set[str] = set()          # call ids sent as they were (no approval needed)
+        self._withheld_before: list[int] = []   # output indexes withheld so far
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def pending_calls(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The function calls that feeding ``event`` will decide: the held call its
+        ``output_item.done`` completes, or calls a terminal snapshot carries that no event
+        announced (never passed unchecked)."""
+        kind = event.get("type", "")
+        index = event.get("output_index")
+        if kind == "response.output_item.done" and index in self._held:
+            item = event.get("item")
+            return [dict(item)] if isinstance(item, Mapping) else []
+        response = event.get("response")
+        if isinstance(response, Mapping) and kind in _TERMINAL:
+            return [dict(item) for item in response.get("output") or ()
+                    if isinstance(item, Mapping) and item.get("type") == "function_call"
+                    and item.get("call_id") not in self._decisions
+                    and item.get("call_id") not in self._passed]
+        return []
+
+    def feed(self, event: dict[str, Any],
+             decisions: Mapping[str, dict[str, Any] | None] | None = None) -> list[dict[str, Any]]:
+        """Feed one event through the stream; ``decisions`` answer its pending calls (else they
+        are decided inline)."""
+        return run_sync(self.stream.process(event),
+                        None if decisions is None else lambda request: dict(decisions))
+
+    def fail(self, error: Exception) -> list[dict[str, Any]]:
+        """The events that end the stream when a decision could not be made (the store is down)."""
+        return self.stream.terminate(error)
+
+    # -- the step
+
+    def process(self, event: dict[str, Any]) -> Steps:
+        pending = self.pending_calls(event)
+        decisions = None
+        if pending:
+            try:
+                decisions = yield functools.partial(self.approvals.decide, pending)
+            except GrantStoreUnavailable as exc:   # fail closed: the gated call is never shown
+                self.stream.fail(exc)
+                return []
+        return self._apply(event, decisions)
+
+    def drain(self) -> list[dict[str, Any]]:
+        return []   # a call whose item never completed is never shown
+
+    def _apply(self, event: dict[str, Any],
+               decisions: Mapping[str, dict[str, Any] | None] | None) -> list[dict[str, Any]]:
+        kind = event.get("type", "")
+        index = event.get("output_index")
+        item = event.get("item") if isinstance(event.get("item"), Mapping) else None
+        if kind == "response.output_item.added" and item and item.get("type") == "function_call":
+            self._held[index] = [event]  # type: ignore[index]
+            return []
+        if index in self._held:
+            self._held[index].append(event)
+            if kind != "response.output_item.done":
+                return []
+            return self._decided(index, item, decisions)  # type: ignore[arg-type]
+        if isinstance(event.get("response"), dict) and kind in _TERMINAL:
+            event = self._terminal(event, decisions)
+        if isinstance(index, int) and self._withheld_before:
+            event = {**event, "output_index": self._shift(index)}
+        return [event]
+
+    def _decided(self, index: int, item: Any,
+                 decisions: Mapping[str, dict[str, Any] | None] | None) -> list[dict[str, Any]]:
+        """The held call's events, its elicitation, or nothing."""
+        events = self._held.pop(index)
+        decision = dict(decisions) if decisions is not None else self.approvals.decide([item])
+        self._decisions.update(decision)
+        call_id = item.get("call_id")
+        if call_id not in decision:
+            self._passed.add(call_id)
+            if not self._withheld_before:
+                return events
+            return [{**e, "output_index": self._shift(index)} for e in events]
+        replacement = decision[call_id]
+        if replacement is None:
+            self._withheld_before.append(index)
+            return []
+        out_index = self._shift(index)
+        return [{"type": kind, "output_index": out_index, "item": replacement,
+                 "sequence_number": NEXT_NUMBER}
+                for kind in ("response.output_item.added", "response.output_item.done")]
+
+    def _terminal(self, event: dict[str, Any],
+                  decisions: Mapping[str, dict[str, Any] | None] | None) -> dict[str, Any]:
+        """A terminal snapshot with every call in it decided (late calls: decided now)."""
+        event = copy.copy(event)
+        late = self.pending_calls(event)
+        if late:
+            self._decisions.update(dict(decisions) if decisions is not None
+                                   else self.approvals.decide(late))
+            self._passed.update(str(call.get("call_id")) for call in late
+                                if call.get("call_id") not in self._decisions)
+        event["response"] = self.approvals.apply_to_response(dict(event["response"]),
+                                                             self._decisions)
+        return event
+
+    def _shift(self, index: int) -> int:
+        return index - sum(1 for withheld in self._withheld_before if withheld < index)

@@ -1,0 +1,88 @@
+"""Why a call is refused, and the error that says so (one wording for every guard)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import AllowedToolsError
+
+CODE_VIOLATION = "allowed_tools_violation"
+SOURCE_UNREADABLE = "unreadable"   # metrics source of a response the guard could not read
+
+STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed tools. The call was "
+                  "withheld and the response stopped (allowed_tools_violation); retry the request.")
+
+
+@runtime_checkable
+class CallFilter(Protocol):
+    """What the guard needs from a policy. WireAllowlist, TurnAllowlist and AllowedNames satisfy it."""
+
+    def is_allowed(self, flat_name: str | None) -> bool: ...
+
+
+class AllowedToolsViolation(AllowedToolsError):
+    """The model (or a parser) produced a call outside the turn's policy; nothing of it was sent.
+
+    ``name`` is the offending flat name (None when the call had none), ``source`` the metrics label
+    (``unary_guard`` / ``stream_guard`` / ``parser``), ``kind`` ``"function"`` or ``"custom"``.
+    """
+
+    status = 500
+    type = "server_error"
+    code = CODE_VIOLATION
+
+    def __init__(self, message: str, *, name: str | None, source: str,
+                 kind: str = "function") -> None:
+        super().__init__(message, param=None)
+        self.name = name
+        self.source = source
+        self.kind = kind
+
+
+def is_call_allowed(policy: Any, name: str | None, kind: str) -> bool:
+    """Whether ``policy`` lets a call of ``kind`` (``function`` / ``custom``) named ``name`` out."""
+    if kind == "custom":
+        check = getattr(policy, "is_custom_allowed", None)
+        return bool(check(name)) if callable(check) and name is not None else False
+    return name is not None and bool(policy.is_allowed(name))
+
+
+def _refusal_reason(policy: Any, name: str | None, kind: str) -> str:
+    if name is None:
+        return "has no name"
+    if kind == "custom":
+        return "is a custom tool, which this turn's policy does not allow"
+    catalog = getattr(policy, "catalog", None)
+    known: bool | None = None
+    if isinstance(catalog, (set, frozenset)):
+        known = name in catalog
+    elif callable(getattr(policy, "lookup", None)):
+        known = policy.lookup(name) is not None
+    if known is False:
+        return "is not in the request's tool catalog"
+    return "is not in this turn's allowed tools"
+
+
+def refusal(policy: Any, name: str | None, kind: str, source: str, *,
+            public_name: bool) -> AllowedToolsViolation:
+    """The violation for a refused call; ``public_name``: the message may name the tool (a unary
+    answer); a streamed message never does (the name is a byte of the withheld call)."""
+    if public_name:
+        shown = repr(name) if name is not None else "(unnamed)"
+        message = (f"The model produced a call to {kind} tool {shown}, which "
+                   f"{_refusal_reason(policy, name, kind)}. The response was withheld "
+                   f"(allowed_tools_violation); retry the request.")
+    else:
+        message = STREAM_MESSAGE
+    return AllowedToolsViolation(message, name=name, source=source, kind=kind)
+
+
+def unreadable_violation(what: str) -> AllowedToolsViolation:
+    """The violation for a response the guard cannot read while a policy applies (``what`` says
+    which part: an unknown content type, a body that is not JSON, a stream event whose data is not
+    a JSON object): it may hold a call, so it is refused like one (source ``unreadable``). Not
+    counted here: the caller counts it when it refuses."""
+    return AllowedToolsViolation(
+        f"The response could not be checked against this turn's tools ({what}), so it was withheld "
+        f"(allowed_tools_violation); retry the request.", name=None, source=SOURCE_UNREADABLE,
+        kind="unreadable")

@@ -1,0 +1,272 @@
+"""The response side of the middleware: an ASGI ``send`` that lets no unjudged tool call out.
+
+While a policy applies, every 2xx answer is guarded (a JSON body as a whole, an event stream event
+by event); one it cannot read is refused like a call outside the policy. The rules:
+``docs/response-path.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from ..approvals.errors import GrantStoreUnavailable
+from ..approvals.stream import ApprovalStream
+from ..metrics import record_violation
+from ..request.rewrite import Api, restore_echo
+from ..response import (
+    AllowedToolsViolation,
+    ChatStreamGuard,
+    GuardedSSE,
+    ResponsesStream,
+    ResponsesStreamGuard,
+    check_chat_completion,
+    check_responses_object,
+    unreadable_violation,
+)
+from ..response.asgi import Message, Receive, Send
+
+logger = logging.getLogger("vllm_allowed_tools.vllm_glue.middleware")   # the middleware's log
+
+#: ASGI extensions that send a response body without ``http.response.body`` messages
+_BODY_ELSEWHERE = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
+
+
+def with_content_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    return kept + [(b"content-length", str(length).encode())]
+
+
+def error_headers(exc: Exception) -> list[tuple[bytes, bytes]]:
+    retry = getattr(exc, "retry_after", None)
+    return [(b"retry-after", str(retry).encode())] if retry else []
+
+
+def log_store_down(exc: GrantStoreUnavailable) -> None:
+    logger.error("vllm-allowed-tools: grant store unavailable, gated calls refused (503): %s",
+                 exc.detail)
+
+
+class StopSignal:
+    """Set once a stream was ended by the guard: the app is then told the client went away (its
+    streaming response stops and vLLM aborts the engine request) and anything it still sends is
+    dropped."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def receive(self, body: bytes, receive: Receive) -> Receive:
+        """Replay `body` once, then the real receive, raced against the stop signal."""
+        sent = False
+
+        async def guarded_receive() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            if self.event.is_set():
+                return {"type": "http.disconnect"}
+            real = asyncio.ensure_future(receive())
+            stop = asyncio.ensure_future(self.event.wait())
+            try:
+                done, _ = await asyncio.wait({real, stop}, return_when=asyncio.FIRST_COMPLETED)
+            finally:   # also when the app cancels this receive: leave no task pending
+                for task in (real, stop):
+                    if not task.done():
+                        task.cancel()
+            if real in done:
+                message = real.result()
+                if message.get("type") == "http.disconnect":
+                    # the client left: every other listener (Starlette's, vLLM's) hears it too,
+                    # even one still waiting on a receive the server already woke once
+                    self.event.set()
+                return message
+            return {"type": "http.disconnect"}
+
+        return guarded_receive
+
+
+def _media_type(headers: Any) -> tuple[str | None, bool]:
+    """(the response's media type, lowercased without parameters or None when it has none; whether
+    its body is encoded, e.g. compressed). Header names are compared case-insensitively (ASGI says
+    lowercase; nothing here relies on it). Several different content types read as none."""
+    types: set[str] = set()
+    encoded = False
+    for name, value in headers or ():
+        name = bytes(name).lower()
+        text = bytes(value).decode("latin-1").split(";", 1)[0].strip().lower()
+        if name == b"content-type":
+            types.add(text)
+        elif name == b"content-encoding" and text not in ("", "identity"):
+            encoded = True
+    return (types.pop() if len(types) == 1 else None), encoded
+
+
+class GuardedSend:
+    """Wraps `send`: the output guard on every call leaving the server, the approvals on every
+    Responses function call, and, for an allowed-tools Responses request, the client's own
+    tool_choice restored in every response object. Non-2xx answers pass as they are: they are
+    vLLM's own error bodies, which never carry a tool call."""
+
+    def __init__(self, send: Send, api: Api, policy: Any, echo: tuple[bool, Any], stop: StopSignal,
+                 spec_version: tuple[int, ...], approvals: Any = None) -> None:
+        self._approvals = approvals
+        self._send = send
+        self._api = api
+        self._policy = policy
+        self._restore, self._original = echo
+        self._stop = stop
+        self._spec_version = spec_version
+        self._mode: str | None = None
+        self._start: Message | None = None
+        self._buffer = b""
+        self._guard: GuardedSSE | None = None
+        self._finished = False
+        self._unreadable = ""   # what made a 2xx answer unreadable
+
+    async def __call__(self, message: Message) -> None:
+        if self._finished:
+            if self._spec_version >= (2, 4):
+                raise OSError("the allowed-tools guard ended this stream")
+            return   # the app is being told the client left; drop what it still sends
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self._begin(message):
+                await self._send(message)
+        elif self._mode != "raw" and kind in _BODY_ELSEWHERE:
+            # a body the guard never sees (sent from a file by the server): refused like any
+            # other body it cannot read
+            await self._end(unreadable_violation(f"a body sent as {kind}"))
+        elif kind != "http.response.body" or self._mode == "raw":
+            await self._send(message)
+        elif self._mode == "unreadable":
+            await self._refuse(unreadable_violation(f"a 2xx answer with {self._unreadable}"),
+                               stop=message.get("more_body", False))
+        elif self._mode == "json":
+            await self._unary(message)
+        else:
+            await self._stream(message)
+
+    def _begin(self, start: Message) -> bool:
+        """Choose how the answer is guarded; whether its start goes out now."""
+        status = start.get("status")
+        media, encoded = _media_type(start.get("headers"))
+        if self._policy is None or not (isinstance(status, int) and 200 <= status < 300):
+            self._mode = "raw"   # no policy, or vLLM's own error body: no tool calls in it
+            return True
+        if encoded or media not in ("application/json", "text/event-stream"):
+            self._mode = "unreadable"   # refused at the first body
+            self._unreadable = ("an encoded (compressed) body" if encoded else
+                                f"content type {media!r}" if media else "no single content type")
+            return False
+        if media == "application/json":
+            self._mode, self._start = "json", start   # held until the body is complete
+            return False
+        self._mode = "sse"
+        self._guard = GuardedSSE(self._responses_stream() if self._api == "responses"
+                                 else ChatStreamGuard(self._policy))
+        return True
+
+    def _responses_stream(self) -> ResponsesStream:
+        """The guard, then the approvals, on one stream that restores the tool_choice echo."""
+        original = self._original
+        stream = ResponsesStream(restore=(lambda response: restore_echo(response, original))
+                                 if self._restore else None)
+        ResponsesStreamGuard(self._policy, stream=stream)
+        if self._approvals is not None:
+            ApprovalStream(self._approvals, stream=stream)
+        return stream
+
+    async def _unary(self, message: Message) -> None:
+        self._buffer += message.get("body", b"")
+        if message.get("more_body", False):
+            return
+        start = dict(self._start or {})
+        try:
+            data = json.loads(self._buffer)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            await self._refuse(unreadable_violation("a JSON body that does not parse to an object"),
+                               stop=False)
+            return
+        try:
+            body = await self._judged_body(data)
+        except AllowedToolsViolation as violation:
+            logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
+            body = json.dumps(violation.to_openai()).encode()
+            start["status"] = violation.status
+        except GrantStoreUnavailable as exc:
+            log_store_down(exc)
+            body = json.dumps(exc.to_openai()).encode()
+            start["status"] = exc.status
+            start["headers"] = list(start.get("headers", [])) + error_headers(exc)
+        start["headers"] = with_content_length(list(start.get("headers", [])), len(body))
+        await self._send(start)
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _judged_body(self, data: dict[str, Any]) -> bytes:
+        """The unary body to send: checked, gated calls turned into elicitations, echo restored."""
+        if self._api == "responses":
+            check_responses_object(data, self._policy)
+        else:
+            check_chat_completion(data, self._policy)
+        if self._approvals is not None:
+            calls = [item for item in data.get("output") or ()
+                     if isinstance(item, dict) and item.get("type") == "function_call"]
+            decisions = await asyncio.to_thread(self._approvals.decide, calls) if calls else {}
+            self._approvals.apply_to_response(data, decisions)
+        if self._restore:
+            restore_echo(data, self._original)
+        if self._approvals is not None or self._restore:
+            return json.dumps(data).encode()
+        return self._buffer
+
+    async def _refuse(self, violation: AllowedToolsViolation, *, stop: bool) -> None:
+        """Answer with ``violation`` in place of a body the guard cannot read (counted); ``stop``:
+        the app is still sending (a stream), so it is told the client left (vLLM aborts the
+        engine request) and what it still sends is dropped."""
+        record_violation(violation.source)
+        logger.error("vllm-allowed-tools: refused a response the guard cannot read: %s", violation)
+        self._finished = True
+        body = json.dumps(violation.to_openai()).encode()
+        await self._send({"type": "http.response.start", "status": violation.status,
+                          "headers": [(b"content-type", b"application/json"),
+                                      (b"content-length", str(len(body)).encode())]})
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        if stop:
+            self._stop.event.set()
+
+    async def _end(self, violation: AllowedToolsViolation) -> None:
+        """A body the guard cannot see: refused whole, or the stream ended with its closing events."""
+        if self._guard is None:
+            await self._refuse(violation, stop=False)
+            return
+        logger.error("vllm-allowed-tools: ended a stream the guard cannot read: %s", violation)
+        await self._last(self._guard.refuse(violation))
+
+    async def _stream(self, message: Message) -> None:
+        assert self._guard is not None
+        more = message.get("more_body", False)
+        out = await self._guard.feed_async(message.get("body", b""))
+        if not more and not self._guard.terminal:
+            out += await self._guard.close_async()
+        if not self._guard.terminal:
+            await self._send({"type": "http.response.body", "body": out, "more_body": more})
+            return
+        error = self._guard.violation
+        if isinstance(error, GrantStoreUnavailable):
+            log_store_down(error)
+        else:
+            logger.error("vllm-allowed-tools: ended a stream at a call outside the policy: %s",
+                         error)
+        await self._last(out)
+
+    async def _last(self, body: bytes) -> None:
+        """Send the stream's last bytes; the app hears "client disconnected" (vLLM aborts the
+        engine request) and what it still sends is dropped."""
+        self._finished = True
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        self._stop.event.set()
