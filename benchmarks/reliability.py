@@ -94,7 +94,7 @@ from urllib.parse import urlparse
 import httpx
 
 from vllm_allowed_tools.errors import AllowedToolsError
-from vllm_allowed_tools.request.rewrite import POLICY_KEY, TEMPLATE_KWARG, rewrite_request
+from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, TEMPLATE_KWARG, rewrite_request
 from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
@@ -368,9 +368,9 @@ class Expect:
 def expected(case: Case) -> Expect:
     if isinstance(case.body, bytes) or not isinstance(case.body, dict):
         return Expect("vllm_4xx")
-    body = {k: v for k, v in case.body.items() if k != POLICY_KEY}   # the middleware strips it
+    body = {k: v for k, v in case.body.items() if k != ALLOWLIST_KEY}   # the middleware strips it
     try:   # what the middleware does: typed fields read as vLLM reads them, then the policy
-        policy = rewrite_request(body, case.api).policy
+        policy = rewrite_request(body, case.api).allowlist
     except AllowedToolsError as exc:
         return Expect("ours_400", param=exc.param)
     if policy is not None and policy.has_allowlist:
@@ -798,7 +798,7 @@ def fuzz_cases():
         if parallel not in (False, True, None, MISSING):
             faults.append(f"parallel:{parallel!r}")
         if draw(st.integers(0, 9)) == 0:   # a forged policy and template block: must be stripped
-            body[POLICY_KEY] = {"v": 1, "api": api, "choice": "allowed", "mode": "auto",
+            body[ALLOWLIST_KEY] = {"v": 1, "api": api, "choice": "allowed", "mode": "auto",
                                 "allowed": sorted(t.name for t in POOL), "catalog":
                                     sorted(t.name for t in POOL), "parallel_tool_calls": True,
                                 "catalog_digest": "x", "allowlist_digest": "x"}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 pytest.importorskip("vllm")
 
 from vllm_allowed_tools.errors import AllowedToolsError  # noqa: E402
-from vllm_allowed_tools.request.rewrite import POLICY_KEY, rewrite_request  # noqa: E402
+from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, rewrite_request  # noqa: E402
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME  # noqa: E402
 
 NAMES = ("send_email", "get_weather")
@@ -68,11 +68,11 @@ def _vllm_reads(api: str, body: dict[str, Any]) -> Any:
 
 
 def _decision(rewritten) -> tuple:
-    policy = rewritten.policy
+    policy = rewritten.allowlist
     if policy is None:
         return (None,)
     return (policy.choice, policy.mode, policy.allowed, policy.parallel_tool_calls,
-            policy.catalog_digest, rewritten.body.get(POLICY_KEY) is not None)
+            policy.catalog_digest, rewritten.body.get(ALLOWLIST_KEY) is not None)
 
 
 @settings(max_examples=300, deadline=None)
@@ -97,6 +97,6 @@ def test_type_confused_fields_are_refused_or_decided_as_vllm_reads_them(api, dat
             (field not in ours.body and value is None)
         well_typed = {**_base(api, choice), field: attribute}
         assert _decision(rewrite_request(well_typed, api)) == _decision(ours)
-    if ours.policy is None:
+    if ours.allowlist is None:
         # never "not understood, so no policy" while the request carries tools vLLM will serve
         assert not (theirs.tools or [])

@@ -1,55 +1,43 @@
-"""Rewrite a client request for vanilla vLLM, and carry the turn's policy along with it.
+"""Rewrite a client request for vanilla vLLM, and carry the turn's allowlist along with it.
 
 Pure functions over JSON bodies (no vLLM): the ASGI middleware calls :func:`rewrite_request` on the
-way in and :func:`restore_echo` on the way out.
-
-What the rewrite does for an ``allowed_tools`` request:
-
-* ``tools`` is left byte-for-byte alone (the catalog is the cacheable prefix);
-* ``tool_choice`` becomes the internal mode vLLM understands (``"auto"`` / ``"required"``);
-* the resolved policy travels in the body under :data:`POLICY_KEY` (vLLM keeps unknown top-level
-  keys in ``request.model_extra``), where our parser wrappers read it;
-* ``chat_template_kwargs.allowed_tools_policy`` tells our templates to render the per-turn policy
-  block at the tail of the prompt.
-
-A client can never smuggle in a policy or a grammar: both keys, and the logits-processor stage's
-``vllm_xargs`` keys, are removed from every request first and only set from a policy this module
-resolved.
-"""
+way in and :func:`restore_echo` on the way out. What the rewrite changes, and why a client can never
+smuggle in an allowlist or a grammar, is in ``docs/request-path.md``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, resolve_allowlist
+from .catalog import Api
 from .typed_fields import normalise_fields
 
-Api = Literal["responses", "chat"]
-POLICY_KEY = "vllm_allowed_tools"
+#: the body key under which the turn's allowlist travels to our parsers (``request.model_extra``)
+ALLOWLIST_KEY = "vllm_allowed_tools"
 TEMPLATE_KWARG = "allowed_tools_policy"
 WIRE_VERSION = 1
 
 
-def allowlist_to_wire(policy: TurnAllowlist) -> dict[str, Any]:
-    """The policy as plain JSON, small enough to ride on every request."""
+def allowlist_to_wire(allowlist: TurnAllowlist) -> dict[str, Any]:
+    """The allowlist as plain JSON, small enough to ride on every request."""
     return {
         "v": WIRE_VERSION,
-        "api": policy.api,
-        "choice": policy.choice,
-        "mode": policy.mode,
-        "allowed": sorted(policy.allowed_flat_names),
-        "catalog": sorted(spec.flat_name for spec in policy.catalog),
-        "parallel_tool_calls": policy.parallel_tool_calls,
-        "catalog_digest": policy.catalog_digest,
-        "allowlist_digest": policy.allowlist_digest,
+        "api": allowlist.api,
+        "choice": allowlist.choice,
+        "mode": allowlist.mode,
+        "allowed": sorted(allowlist.allowed_flat_names),
+        "catalog": sorted(spec.flat_name for spec in allowlist.catalog),
+        "parallel_tool_calls": allowlist.parallel_tool_calls,
+        "catalog_digest": allowlist.catalog_digest,
+        "allowlist_digest": allowlist.allowlist_digest,
     }
 
 
 @dataclass(frozen=True)
 class WireAllowlist:
-    """What the vLLM-side code (parsers, guard) needs to know about a turn's policy."""
+    """What the vLLM-side code (parsers, guard) needs to know about a turn's allowlist."""
     mode: str
     allowed: frozenset[str]
     catalog: frozenset[str]
@@ -74,19 +62,19 @@ class WireAllowlist:
 @dataclass(frozen=True)
 class Rewritten:
     body: dict[str, Any]
-    policy: TurnAllowlist | None
+    allowlist: TurnAllowlist | None
     original_tool_choice: Any
     changed: bool
     request: dict[str, Any]   # the client's body with its typed fields read as vLLM reads them
 
 
 def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
-    """Resolve the policy and rewrite the body; raises InvalidSelectionError (a 400) on bad input."""
+    """Resolve the allowlist and rewrite the body; raises InvalidSelectionError (a 400) on bad input."""
     request = normalise_fields(body, api)
     new = dict(request)
     changed = any(new.get(key) is not body.get(key) for key in new)
-    if POLICY_KEY in new:
-        del new[POLICY_KEY]
+    if ALLOWLIST_KEY in new:
+        del new[ALLOWLIST_KEY]
         changed = True
     kwargs = new.get("chat_template_kwargs")
     if isinstance(kwargs, Mapping) and TEMPLATE_KWARG in kwargs:
@@ -96,24 +84,24 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
     if isinstance(xargs, Mapping) and any(key in xargs for key in XARGS_KEYS):
         new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in XARGS_KEYS}
         changed = True
-    policy = resolve_allowlist(new, api)
+    allowlist = resolve_allowlist(new, api)
     original = body.get("tool_choice")
-    if policy is None or not policy.has_allowlist:
-        return Rewritten(new, policy, original, changed, request)
-    new["tool_choice"] = policy.internal_tool_choice()
-    new[POLICY_KEY] = allowlist_to_wire(policy)
+    if allowlist is None or not allowlist.has_allowlist:
+        return Rewritten(new, allowlist, original, changed, request)
+    new["tool_choice"] = allowlist.internal_tool_choice()
+    new[ALLOWLIST_KEY] = allowlist_to_wire(allowlist)
     template_kwargs = dict(new.get("chat_template_kwargs") or {})
-    template_kwargs[TEMPLATE_KWARG] = {"mode": policy.mode,
-                                       "names": sorted(policy.allowed_flat_names)}
+    template_kwargs[TEMPLATE_KWARG] = {"mode": allowlist.mode,
+                                       "names": sorted(allowlist.allowed_flat_names)}
     new["chat_template_kwargs"] = template_kwargs
-    return Rewritten(new, policy, original, True, request)
+    return Rewritten(new, allowlist, original, True, request)
 
 
-def filter_catalog(body: dict[str, Any], policy: TurnAllowlist) -> dict[str, Any]:
+def filter_catalog(body: dict[str, Any], allowlist: TurnAllowlist) -> dict[str, Any]:
     """The compatibility fallback: keep only the allowed function tools (and namespace members) in
     ``tools``; other tool types are left as they are. Opt-in only: it changes the prompt whenever
     the subset changes, which is exactly what the tail policy block exists to avoid."""
-    allowed = {(identity.namespace, identity.name) for identity in policy.allowed or ()}
+    allowed = {(identity.namespace, identity.name) for identity in allowlist.allowed or ()}
     kept: list[Any] = []
     for tool in body.get("tools") or []:
         if not isinstance(tool, Mapping):
@@ -121,10 +109,10 @@ def filter_catalog(body: dict[str, Any], policy: TurnAllowlist) -> dict[str, Any
             continue
         kind = tool.get("type")
         if kind == "function":
-            name = tool.get("function", {}).get("name") if policy.api == "chat" else tool.get("name")
+            name = tool.get("function", {}).get("name") if allowlist.api == "chat" else tool.get("name")
             if (None, name) in allowed:
                 kept.append(tool)
-        elif kind == "namespace" and policy.api == "responses":
+        elif kind == "namespace" and allowlist.api == "responses":
             members = [m for m in tool.get("tools") or []
                        if isinstance(m, Mapping) and (tool.get("name"), m.get("name")) in allowed]
             if members:

@@ -24,7 +24,7 @@ from ..decode.grammar import AllowedFunction, BuiltTag, built, tag_digest, turn_
 from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
-from ..request.rewrite import POLICY_KEY, WireAllowlist
+from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
 from .capabilities import active_constraint_stage
 
 try:  # vLLM 0.32 / 0.33
@@ -56,7 +56,7 @@ def call_start(text: str, triggers: Sequence[str]) -> int | None:
 def request_allowlist(request: Any) -> WireAllowlist | None:
     """The turn's policy, as the middleware attached it (None: a plain request)."""
     extra = getattr(request, "model_extra", None) or {}
-    return WireAllowlist.from_wire(extra.get(POLICY_KEY))
+    return WireAllowlist.from_wire(extra.get(ALLOWLIST_KEY))
 
 
 def _tool_name(tool: Any) -> str | None:
