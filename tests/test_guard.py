@@ -33,7 +33,7 @@ from vllm_allowed_tools.response import (
     check_chat_completion,
     check_responses_object,
 )
-from vllm_allowed_tools.request.rewrite import POLICY_KEY, WireAllowlist, rewrite_request
+from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, WireAllowlist, rewrite_request
 from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 
@@ -68,7 +68,7 @@ def allowlist(*names: str) -> WireAllowlist:
     body = {"model": "tiny", "input": "x", "tools": [tool.responses_tool() for tool in POOL[:8]],
             "tool_choice": {"type": "allowed_tools", "mode": "required",
                             "tools": [{"type": "function", "name": name} for name in names]}}
-    policy = WireAllowlist.from_wire(rewrite_request(body, "responses").body[POLICY_KEY])
+    policy = WireAllowlist.from_wire(rewrite_request(body, "responses").body[ALLOWLIST_KEY])
     assert policy is not None
     return policy
 
@@ -402,7 +402,7 @@ def test_responses_namespaced_call_identity():
                       *[tool.responses_tool() for tool in POOL[:2]]],
             "tool_choice": {"type": "allowed_tools", "mode": "auto",
                             "tools": [{"type": "function", "name": f"crm__{POOL[0].name}"}]}}
-    policy = WireAllowlist.from_wire(rewrite_request(body, "responses").body[POLICY_KEY])
+    policy = WireAllowlist.from_wire(rewrite_request(body, "responses").body[ALLOWLIST_KEY])
     upstream = copy.deepcopy(stream("responses_stream_single"))
     call = responses_calls(upstream)[0]
     for event in upstream:
