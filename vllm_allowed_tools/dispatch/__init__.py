@@ -5,13 +5,31 @@ checks, in which order, and how it refuses: docs/dispatch.md."""
 from .arguments import arguments_digest
 from .calls import ToolCall, TurnContext
 from .dispatcher import Dispatcher
-from .errors import (AuthorizationDeniedError, CallInProgressError, CallRefusedError,
-                     DispatchError, GrantRequiredError, IdempotencyConflictError,
-                     InvalidArgumentsError, MalformedCallError, SchemaViolationError,
-                     ToolFailedError, ToolFailure, ToolNotAllowedError, ToolUnavailableError,
-                     UnknownToolError)
-from .hooks import (AuthorizationDecision, GrantChecker, InMemoryGrantChecker, Invocation, allow,
-                    allow_all, deny)
+from .errors import (
+    AuthorizationDeniedError,
+    CallInProgressError,
+    CallRefusedError,
+    DispatchError,
+    GrantRequiredError,
+    IdempotencyConflictError,
+    InvalidArgumentsError,
+    MalformedCallError,
+    SchemaViolationError,
+    ToolFailedError,
+    ToolFailure,
+    ToolNotAllowedError,
+    ToolUnavailableError,
+    UnknownToolError,
+)
+from .hooks import (
+    AuthorizationDecision,
+    GrantChecker,
+    InMemoryGrantChecker,
+    Invocation,
+    allow,
+    allow_all,
+    deny,
+)
 from .idempotency import IdempotencyStore, InMemoryIdempotencyStore, Reservation, StoredOutcome
 from .results import DispatchResult
 

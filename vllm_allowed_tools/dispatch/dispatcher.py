@@ -11,9 +11,16 @@ from typing import Any
 from ..request import FunctionSpec, ToolIdentity
 from .arguments import DEFAULT_MAX_ARGUMENT_CHARS, ArgumentChecker
 from .calls import ToolCall, TurnContext
-from .errors import (AuthorizationDeniedError, DispatchError, GrantRequiredError,
-                     ToolFailedError, ToolFailure, ToolNotAllowedError, ToolUnavailableError,
-                     UnknownToolError)
+from .errors import (
+    AuthorizationDeniedError,
+    DispatchError,
+    GrantRequiredError,
+    ToolFailedError,
+    ToolFailure,
+    ToolNotAllowedError,
+    ToolUnavailableError,
+    UnknownToolError,
+)
 from .hooks import AuthorizationDecision, Authorizer, GrantChecker, Handler, Invocation
 from .idempotency import IdempotencyStore, InMemoryIdempotencyStore, run_once
 from .messages import listed_names, short
