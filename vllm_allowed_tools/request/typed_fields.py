@@ -1,27 +1,20 @@
 """Read every request field the plugin depends on exactly as vLLM will, or refuse the request.
 
-vLLM validates bodies with pydantic in lax mode, so ``"parallel_tool_calls": "true"`` is served as
-``True``. If the plugin read the same field more strictly ("not a bool: not mine"), the plugin and
-vLLM would disagree about the request, and every such disagreement has been a bypass (approvals
-switched off by a string). So each field the policy, the guard or the approvals read is either
-coerced with pydantic's own lax rules (and written back, so vLLM sees the canonical value too) or
-refused with a 400 naming it. There is no outcome in which a field is "not understood" and the
-request goes on without a policy.
-
-No vLLM imports: pydantic is the same library vLLM validates with.
-"""
+vLLM coerces bodies with pydantic's lax rules; a plugin reading a field more strictly would disagree
+with vLLM about the request, and each such disagreement is a bypass. The fields and rules are listed
+in ``docs/request-path.md``. No vLLM imports: pydantic is the library vLLM validates with."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from ..errors import AllowedToolsError
+from .catalog import Api
 
 __all__ = ["CODE_INVALID_FIELD", "normalise_fields"]
 
-Api = Literal["responses", "chat"]
 CODE_INVALID_FIELD = "invalid_request_field"
 
 #: Boolean fields read by the plugin, per API (vLLM declares each ``bool | None``).
