@@ -38,7 +38,6 @@ class CheckedAnswer:
     release: Release | None = None
 
 
-
 def check_answer(store: GrantStore, response: ElicitationResponse | Mapping[str, Any], param: str,
                  principal: str, session: str | None, catalog: Mapping[ToolIdentity, str] | None,
                  turn: TurnAllowlist | None | Literal[False] = False,

@@ -130,7 +130,6 @@ def elicitation_types() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-
 # --------------------------------------------------------------------------------------------------
 # schemas (plain data)
 
