@@ -76,20 +76,23 @@ class _CatalogParser:
         return Catalog.build(tuple(self.entries), self.other_tools, self.first_error)
 
     def _responses_entry(self, i: int, tool: Any) -> None:
-        param = f"tools[{i}]"
+        self._responses_tool(tool, None, f"tools[{i}]")
+
+    def _responses_tool(self, tool: Any, namespace: str | None, param: str) -> None:
+        """One Responses tool: a top-level entry (``namespace`` None) or a namespace member."""
         if not isinstance(tool, Mapping):
-            self.fail(param, f"{param} must be an object like "
-                             '{"type": "function", "name": "...", "parameters": {...}}, '
-                             f"got {type_name(tool)}.")
+            example = ('{"type": "function", "name": "...", "parameters": {...}}' if namespace is None
+                       else '{"type": "function", "name": "..."}')
+            self.fail(param, f"{param} must be an object like {example}, got {type_name(tool)}.")
         tool_type = tool.get("type")
         if tool_type == "function":
-            self._function(tool, None, param)
-        elif tool_type == "namespace":
+            self._function(tool, namespace, param)
+        elif tool_type == "namespace" and namespace is None:
             self._namespace(tool, param)
         elif isinstance(tool_type, str):
             name = tool.get("name")
-            if is_name(name):
-                self.other_tools.setdefault(name, tool_type)
+            if is_name(name):  # a hosted or custom tool (vLLM does not render a custom member)
+                self.other_tools.setdefault(flat_name(name, namespace), tool_type)
         else:
             self.fail(f"{param}.type", f"{param}.type must be a string such as \"function\", "
                                        f"got {type_name(tool_type)}.")
@@ -106,25 +109,9 @@ class _CatalogParser:
                                         f"{type_name(members)}.")
         for k, member in enumerate(members):
             try:
-                self._namespace_member(member, namespace, f"{param}.tools[{k}]")
+                self._responses_tool(member, namespace, f"{param}.tools[{k}]")
             except _Skip:
                 continue
-
-    def _namespace_member(self, member: Any, namespace: str, param: str) -> None:
-        if not isinstance(member, Mapping):
-            self.fail(param, f"{param} must be an object like "
-                             '{"type": "function", "name": "..."}, '
-                             f"got {type_name(member)}.")
-        member_type = member.get("type")
-        if member_type == "function":
-            self._function(member, namespace, param)
-        elif isinstance(member_type, str):
-            name = member.get("name")
-            if is_name(name):  # e.g. a custom member; vLLM does not render it
-                self.other_tools.setdefault(flat_name(name, namespace), member_type)
-        else:
-            self.fail(f"{param}.type", f"{param}.type must be a string such as \"function\", "
-                                       f"got {type_name(member_type)}.")
 
     def _chat_entry(self, i: int, tool: Any) -> None:
         param = f"tools[{i}]"
