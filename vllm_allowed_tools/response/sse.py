@@ -1,23 +1,8 @@
 """Incremental Server-Sent-Events framing: bytes in any chunking -> whole events -> bytes.
 
-Framing follows the WHATWG HTML "Server-sent events" parsing rules exactly, because a client parses
-the bytes with them: whatever the guard reads as one event, a client must read as the same event.
-
-* A line ends at CRLF, LF or CR (all three, mixed freely in one stream). A CR that is the last byte
-  seen so far may be the first half of a CRLF, so it is not decided until the next byte arrives or
-  the stream ends (:meth:`SSEFramer.close`); a CRLF split across two chunks is one line end.
-* An event ends at an empty line. Its fields are its lines: ``name:value`` (one space after the
-  colon is dropped), a line without a colon is a field with an empty value, a line starting with a
-  colon is a comment. ``data`` lines are joined with ``"\\n"``; field names are case-sensitive.
-* Only CR and LF end lines: other characters Python's ``str.splitlines`` breaks on (``\\x0b``,
-  ``\\x0c``, ``\\x1c``-``\\x1e``, ``\\x85``, U+2028, U+2029) are data, as JSON may carry them raw.
-* One UTF-8 byte order mark at the very start of the stream is ignored (it stays in the bytes).
-* A stream that ends before an event's empty line leaves that partial event undispatched: clients
-  drop it; :meth:`SSEFramer.flush` returns its bytes.
-
-Pure and byte-exact: every byte fed is in exactly one event's ``raw`` or in :meth:`flush`, in order,
-so an event that nobody rewrites is re-emitted exactly as it arrived and a passthrough over any
-chunking of a stream reproduces the stream.
+It frames exactly as a client parses (the WHATWG rules, ``docs/response-path.md``), so the guard
+judges the very events a client will dispatch, and it is byte-exact, so an event nobody rewrites
+leaves as it arrived.
 """
 
 from __future__ import annotations

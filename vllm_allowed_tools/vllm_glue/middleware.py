@@ -2,17 +2,10 @@
 
 It runs before FastAPI validates anything, which Chat Completions needs (vLLM rejects the
 ``allowed_tools`` shape at validation) and which lets an invalid selection fail with our 400 before
-the engine sees the request. It imports nothing from vLLM: it speaks plain ASGI, so it is the same
-on every vLLM version.
+the engine sees the request. It speaks plain ASGI, so it is the same on every vLLM version; the way
+out is :mod:`.guarded_send` (``docs/response-path.md``).
 
 Launch: ``vllm serve ... --middleware vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware``
-
-With approvals on, every grant-store access runs in a worker thread (``asyncio.to_thread``), never
-on the event loop: a slow or locked store delays only the requests that need it. A request that may
-call a gated tool is answered with 503 ``grant_store_unavailable`` (and ``Retry-After``) before any
-generation while the store is down; when the store fails at the moment a gated call is decided, a
-unary answer becomes that 503 and a stream ends with one ``response.failed`` carrying the same error
-(the engine request is aborted). The gated call is never released.
 """
 
 from __future__ import annotations
