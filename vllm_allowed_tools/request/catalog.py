@@ -34,6 +34,14 @@ def specs_digest(specs: Sequence[FunctionSpec]) -> str:
     return sha256_text(canonical_json(sorted(spec.digest for spec in specs)))
 
 
+#: (key, accepted types, what the message asks for) of a function definition's optional fields
+_OPTIONAL_FUNCTION_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("description", (str,), "a string"),
+    ("parameters", (Mapping,), "a JSON schema object"),
+    ("strict", (bool,), "a boolean"),
+)
+
+
 class _Skip(Exception):
     """Abandons one unusable `tools` entry (the parser has noted why)."""
 
@@ -144,18 +152,13 @@ class _CatalogParser:
         if not is_name(name):
             self.fail(f"{param}.name", f"{param}.name must be a non-empty string (the function "
                                        f"name), got {type_name(name)}.")
-        description = fn.get("description")
-        if description is not None and not isinstance(description, str):
-            self.fail(f"{param}.description", f"{param}.description must be a string or absent, "
-                                              f"got {type_name(description)}.")
-        parameters = fn.get("parameters")
-        if parameters is not None and not isinstance(parameters, Mapping):
-            self.fail(f"{param}.parameters", f"{param}.parameters must be a JSON schema object or "
-                                             f"absent, got {type_name(parameters)}.")
-        strict = fn.get("strict")
-        if strict is not None and not isinstance(strict, bool):
-            self.fail(f"{param}.strict", f"{param}.strict must be a boolean or absent, got "
-                                         f"{type_name(strict)}.")
+        for key, kinds, expected in _OPTIONAL_FUNCTION_FIELDS:
+            value = fn.get(key)
+            if value is not None and not isinstance(value, kinds):
+                self.fail(f"{param}.{key}", f"{param}.{key} must be {expected} or absent, got "
+                                            f"{type_name(value)}.")
+        description, parameters, strict = (fn.get("description"), fn.get("parameters"),
+                                           fn.get("strict"))
         spec = FunctionSpec.build(ToolIdentity(namespace, name), description, parameters, strict)
         self.entries.append(_Entry(spec, param))
 
