@@ -6,17 +6,18 @@ The rules (framing, unreadable events, the trailing partial event) are in ``docs
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 from .chat_guard import ChatStreamGuard
 from .responses_guard import ResponsesStreamGuard
-from .responses_stream import ResponsesStream, Steps, run_in_threads, run_sync
+from .responses_stream import Request, ResponsesStream, Steps, run_in_threads, run_sync
 from .sse import SSEEvent, SSEFramer
 from .violations import unreadable_violation
 
 _DONE = b"data: [DONE]\n\n"
 
-Chunk = Steps   # the same protocol, returning bytes instead of events
+Chunk = Generator[Request, Any, bytes]   # a step's requests, then the bytes to send
 
 
 class GuardedSSE:

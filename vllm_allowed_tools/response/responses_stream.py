@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Callable, Generator, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..metrics import record_violation
 from .violations import AllowedToolsViolation
@@ -23,6 +23,8 @@ Steps = Generator[Request, Any, list[dict[str, Any]]]
 
 #: ``sequence_number`` of an event a step makes: the stream numbers it when it is sent.
 NEXT_NUMBER: Any = object()
+
+T = TypeVar("T")
 
 SNAPSHOT_TYPES = frozenset({"response.created", "response.in_progress", "response.queued"})
 TEXT_DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text.delta",
@@ -239,7 +241,7 @@ class ResponsesStream:
         return out
 
 
-def run_sync(steps: Steps, answer: Callable[[Request], Any] | None = None) -> list[dict[str, Any]]:
+def run_sync(steps: Generator[Request, Any, T], answer: Callable[[Request], Any] | None = None) -> T:
     """Drive ``steps`` to its result, answering each request inline (``answer(request)``, or by
     calling it); an exception an answer raises is thrown into the steps."""
     try:
@@ -255,7 +257,7 @@ def run_sync(steps: Steps, answer: Callable[[Request], Any] | None = None) -> li
         return stop.value
 
 
-async def run_in_threads(steps: Steps) -> list[dict[str, Any]]:
+async def run_in_threads(steps: Generator[Request, Any, T]) -> T:
     """Drive ``steps`` to its result, answering each request in a worker thread (never on the
     event loop: a request may wait on the grant store)."""
     try:
