@@ -1,17 +1,5 @@
-"""Digests that bind an approval to one exact call and one exact tool definition.
-
-Both are ``"sha256:<64 hex>"`` strings (the algorithm is named on the wire so it can change later).
-
-* :func:`arguments_digest`: over the **canonical JSON** of the call's arguments
-  (:func:`vllm_allowed_tools.request.allowlist.canonical_json`: sorted keys, no whitespace), so formatting and
-  key order do not matter but every value does (``1`` and ``1.0`` differ, as do ``"1"`` and ``1``).
-  Arguments that are not one unambiguous JSON value (invalid JSON, duplicate keys, ``NaN`` /
-  ``Infinity``) are digested over their exact text with a different prefix: such a call can still be
-  approved, but only byte for byte, and it never collides with a canonical one. Duplicate keys are
-  not canonicalized because two JSON parsers may disagree on which value wins, and an approval must
-  mean the same call to whoever executes it.
-* :func:`definition_digest`: the catalog's own :attr:`FunctionSpec.digest` (identity, description and
-  parameters; ``strict`` is not part of it), so a changed definition never matches an old approval.
+"""Digests that bind an approval to one exact call and one exact tool definition, so that an
+approval given for one call can never release another. How each is computed: ``docs/approvals.md``.
 """
 
 from __future__ import annotations
@@ -40,7 +28,8 @@ def canonical_arguments(arguments: str | Mapping[str, Any]) -> str | None:
 
 
 def arguments_digest(arguments: str | Mapping[str, Any]) -> str:
-    """``sha256:`` of the canonical arguments (see the module docstring)."""
+    """``sha256:`` of the canonical JSON of the arguments; arguments that are not one unambiguous
+    JSON value are digested over their exact text under another prefix."""
     canonical = canonical_arguments(arguments)
     text = "json:" + canonical if canonical is not None else "raw:" + str(arguments)
     return PREFIX + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

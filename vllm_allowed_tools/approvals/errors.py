@@ -1,14 +1,7 @@
-"""Errors of the approvals core.
-
-* :class:`ApprovalInputError`: something in the client's request is wrong (an elicitation or
-  elicitation_response item, a tool definition's ``approval`` object, a response that does not match
-  the server's record). An OpenAI-shaped 4xx (``to_openai()``), ``param`` pointing at the field. It is
-  raised **before anything is consumed**, so the client can correct the request and send it again.
-* :class:`GrantStoreUnavailable`: the grant store cannot be read or written (SQLite file missing,
-  replaced, locked past the busy timeout, I/O error; PostgreSQL unreachable). HTTP 503: the request
-  is refused before anything is released or recorded (fail closed), and the client may retry it
-  unchanged once the store is back; no server restart is needed.
-* :class:`PolicyFileError`: the operator's policy file is unusable; raised at start-up.
+"""Errors of the approvals core, each with a stable ``code`` clients may branch on: a client's
+mistake is a 4xx raised before anything is consumed (:class:`ApprovalInputError`), a store outage a
+503 that fails closed (:class:`GrantStoreUnavailable`), a bad policy file a start-up failure
+(:class:`PolicyFileError`).
 """
 
 from __future__ import annotations
@@ -19,6 +12,7 @@ __all__ = [
     "CODE_ELICITATION_CONSUMED",
     "CODE_ELICITATION_MISMATCH",
     "CODE_GRANT_STORE_UNAVAILABLE",
+    "CODE_INVALID_APPROVAL_HINT",
     "CODE_INVALID_ELICITATION",
     "CODE_INVALID_ELICITATION_RESPONSE",
     "CODE_TOOL_NOT_ALLOWED_THIS_TURN",
@@ -37,6 +31,7 @@ CODE_UNKNOWN_ELICITATION = "unknown_elicitation"  # no pending elicitation with 
 CODE_ELICITATION_MISMATCH = "elicitation_mismatch"  # the response names another call / digest
 CODE_ELICITATION_CONSUMED = "elicitation_consumed"  # already answered by another response (409)
 CODE_GRANT_STORE_UNAVAILABLE = "grant_store_unavailable"  # the grant store is down (503)
+CODE_INVALID_APPROVAL_HINT = "invalid_approval_hint"  # a tool definition's `approval` object
 #: An ``accept`` names a call this request could not have made (no tools, ``tool_choice: none``, an
 #: allowlist or named choice without the tool): 400, nothing consumed.
 CODE_TOOL_NOT_ALLOWED_THIS_TURN = "tool_not_allowed_this_turn"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..request import ToolIdentity
-from .errors import ApprovalInputError
+from .errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError
 from .scopes import SCOPES, canonical_scopes
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def approval_hint(tool: Mapping[str, Any]) -> Mapping[str, Any] | None:
 def parse_hint(hint: Any, *, param: str = "approval") -> dict[str, Any]:
     """Validate a tool definition's ``approval`` object; errors name ``param`` plus the key."""
     def bad(key: str, message: str) -> ApprovalInputError:
-        return ApprovalInputError(f"{key} {message}", param=key, code="invalid_approval_hint")
+        return ApprovalInputError(f"{key} {message}", param=key, code=CODE_INVALID_APPROVAL_HINT)
 
     if not isinstance(hint, Mapping):
         raise bad(param, "must be an object such as {\"required\": true, \"scopes\": [\"once\"]}.")
@@ -116,7 +116,7 @@ def _hints_of(tool: Any, where: str) -> list[tuple[ToolIdentity | None, Any, str
         raise ApprovalInputError(
             f"{where} carries two approval objects ({where}.approval and "
             f"{where}.function.approval); keep one (Chat Completions: inside `function`).",
-            param=f"{where}.approval", code="invalid_approval_hint")
+            param=f"{where}.approval", code=CODE_INVALID_APPROVAL_HINT)
     name = tool.get("name", fn.get("name"))
     identity = ToolIdentity(None, name) if isinstance(name, str) and name else None
     return [(identity, hint, param) for hint, param in found]
@@ -133,4 +133,4 @@ def _refuse_unread_hint(tool: Mapping[str, Any], where: str, why: str) -> None:
     """An ``approval`` object nothing would read: refuse it instead of silently ignoring it."""
     if tool.get("approval") is not None:
         raise ApprovalInputError(f"{where}.approval is not read here: {why}.",
-                                 param=f"{where}.approval", code="invalid_approval_hint")
+                                 param=f"{where}.approval", code=CODE_INVALID_APPROVAL_HINT)

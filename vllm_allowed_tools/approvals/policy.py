@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..request import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity
-from .errors import ApprovalInputError, PolicyFileError
+from .errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError, PolicyFileError
 from .hints import parse_hint
 from .scopes import SCOPES, canonical_scopes
 
@@ -161,7 +161,7 @@ class ApprovalPolicy:
                         f"{hint_param}.scopes {list(h['scopes'])} shares no scope with what the "
                         f"server's approval policy allows for {flat_name!r} ({list(scopes)}); such "
                         "a call could never be approved. Pick scopes from that list.",
-                        param=f"{hint_param}.scopes", code="invalid_approval_hint")
+                        param=f"{hint_param}.scopes", code=CODE_INVALID_APPROVAL_HINT)
                 tightened = tightened or narrowed != scopes
                 scopes = narrowed
             if "expires_in" in h and h["expires_in"] < expires_in:
