@@ -247,12 +247,9 @@ def run_sync(steps: Generator[Request, Any, T], answer: Callable[[Request], Any]
     try:
         request = next(steps)
         while True:
-            try:
-                reply = answer(request) if answer is not None else request()
-            except Exception as exc:   # noqa: BLE001 - the step decides what it can handle
-                request = steps.throw(exc)
-                continue
-            request = steps.send(reply)
+            asked = request
+            outcome = _outcome((lambda: answer(asked)) if answer is not None else asked)
+            request = _resume(steps, outcome)
     except StopIteration as stop:
         return stop.value
 
@@ -263,11 +260,18 @@ async def run_in_threads(steps: Generator[Request, Any, T]) -> T:
     try:
         request = next(steps)
         while True:
-            try:
-                reply = await asyncio.to_thread(request)
-            except Exception as exc:   # noqa: BLE001 - the step decides what it can handle
-                request = steps.throw(exc)
-                continue
-            request = steps.send(reply)
+            request = _resume(steps, await asyncio.to_thread(_outcome, request))
     except StopIteration as stop:
         return stop.value
+
+
+def _outcome(request: Request) -> tuple[Any, Exception | None]:
+    try:
+        return request(), None
+    except Exception as exc:   # noqa: BLE001 - the step decides what it can handle
+        return None, exc
+
+
+def _resume(steps: Generator[Request, Any, Any], outcome: tuple[Any, Exception | None]) -> Request:
+    reply, error = outcome
+    return steps.throw(error) if error is not None else steps.send(reply)
