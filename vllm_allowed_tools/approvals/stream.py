@@ -69,15 +69,16 @@ class ApprovalStream:
 
     # -- the step
 
-    def process(self, event: dict[str, Any]) -> Steps:
+    def process(self, event: dict[str, Any]) -> list[dict[str, Any]] | Steps:
         pending = self.pending_calls(event)
-        decisions = None
-        if pending:
-            try:
-                decisions = yield functools.partial(self.approvals.decide, pending)
-            except GrantStoreUnavailable as exc:   # fail closed: the gated call is never shown
-                self.stream.fail(exc)
-                return []
+        return self._decide(event, pending) if pending else self._apply(event, None)
+
+    def _decide(self, event: dict[str, Any], pending: list[dict[str, Any]]) -> Steps:
+        try:
+            decisions = yield functools.partial(self.approvals.decide, pending)
+        except GrantStoreUnavailable as exc:   # fail closed: the gated call is never shown
+            self.stream.fail(exc)
+            return []
         return self._apply(event, decisions)
 
     def drain(self) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from .chat_guard import ChatStreamGuard
 from .responses_guard import ResponsesStreamGuard
-from .responses_stream import Request, ResponsesStream, Steps, run_in_threads, run_sync
+from .responses_stream import Request, ResponsesStream, run_in_threads, run_sync
 from .sse import SSEEvent, SSEFramer
 from .violations import unreadable_violation
 
@@ -34,13 +34,14 @@ class GuardedSSE:
         self._stream = guard.stream if isinstance(guard, ResponsesStreamGuard) else (
             None if self._chat is not None else guard)
         self.guard = guard
+        self._ends: Any = self._chat if self._chat is not None else self._stream   # has `terminal`
         self._framer = SSEFramer()
         self._raw: dict[int, tuple[Any, bytes]] = {}   # id(fed data) -> (data, its bytes), unsent
         self._closed = False
 
     @property
     def terminal(self) -> bool:
-        return self._chat.terminal if self._chat is not None else self._stream.terminal
+        return self._ends.terminal
 
     @property
     def violation(self) -> Any:
@@ -48,14 +49,16 @@ class GuardedSSE:
         return self._chat.violation if self._chat is not None else self._stream.error
 
     def feed(self, chunk: bytes) -> bytes:
-        return run_sync(self._feed(chunk))
+        events = self._framed(chunk)
+        return run_sync(self._take(events)) if events else b""
 
     def close(self) -> bytes:
         """Upstream ended: what is still to send (held events, a trailing partial event)."""
         return run_sync(self._close())
 
     async def feed_async(self, chunk: bytes) -> bytes:
-        return await run_in_threads(self._feed(chunk))
+        events = self._framed(chunk)
+        return await run_in_threads(self._take(events)) if events else b""
 
     async def close_async(self) -> bytes:
         return await run_in_threads(self._close())
@@ -69,12 +72,10 @@ class GuardedSSE:
 
     # -- internals
 
-    def _feed(self, chunk: bytes) -> Chunk:
-        if self.terminal or self._closed:
-            return b""
-        out: list[bytes] = []
-        yield from self._take(self._framer.feed(chunk), out)
-        return b"".join(out)
+    def _framed(self, chunk: bytes) -> list[SSEEvent]:
+        if self._ends.terminal or self._closed:
+            return []
+        return self._framer.feed(chunk)
 
     def _close(self) -> Chunk:
         if self._closed:
@@ -82,32 +83,26 @@ class GuardedSSE:
         self._closed = True
         if self.terminal:
             return b""
-        out: list[bytes] = []
-        yield from self._take(self._framer.close(), out)    # events only the end completes
+        out = yield from self._take(self._framer.close())    # events only the end completes
         if not self.terminal:
-            self._emit((yield from self._finish()), out)
+            finished = self._chat.finish() if self._chat is not None else (
+                yield from self._stream.finish())
+            out += self._bytes(finished)
         self._framer.flush()   # a partial event: never dispatched by a client, never forwarded
-        return b"".join(out)
+        return out
 
-    def _finish(self) -> Steps:
-        if self._chat is not None:
-            return self._chat.finish()
-        return (yield from self._stream.finish())
-
-    def _process(self, data: dict[str, Any]) -> Steps:
-        if self._chat is not None:
-            return self._chat.feed(data)
-        return (yield from self._stream.process(data))
-
-    def _take(self, events: list[SSEEvent], out: list[bytes]) -> Steps:
+    def _take(self, events: list[SSEEvent]) -> Chunk:
+        out: list[bytes] = []
         for event in events:
             if self.terminal:
-                return []
+                break
             if event.data is None:   # comments, keep-alives: a client dispatches nothing
                 out.append(event.raw)
                 continue
             if event.data == "[DONE]":
-                self._emit((yield from self._finish()), out)
+                finished = self._chat.finish() if self._chat is not None else (
+                    yield from self._stream.finish())
+                self._emit(finished, out)
                 if not self.terminal:
                     out.append(event.raw)
                 continue
@@ -115,12 +110,19 @@ class GuardedSSE:
             if not isinstance(data, dict):
                 self._end(unreadable_violation("a stream event whose data is not a JSON object"),
                           out)
-                return []
+                break
             self._raw[id(data)] = (data, event.raw)
-            self._emit((yield from self._process(data)), out)
+            items = self._chat.feed(data) if self._chat is not None else (
+                yield from self._stream.process(data))
+            self._emit(items, out)
             if not self._holding():
                 self._raw.clear()
-        return []
+        return b"".join(out)
+
+    def _bytes(self, items: list[Any]) -> bytes:
+        out: list[bytes] = []
+        self._emit(items, out)
+        return b"".join(out)
 
     def _end(self, violation: Any, out: list[bytes]) -> None:
         self._emit(self._chat.refuse(violation) if self._chat is not None

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..request import flat_name
 from .calls import item_identity
-from .responses_stream import SNAPSHOT_TYPES, ResponsesStream, Steps, run_sync
+from .responses_stream import SNAPSHOT_TYPES, ResponsesStream, run_sync
 from .unary import responses_violation
 from .violations import AllowedToolsViolation, CallFilter, is_call_allowed, refusal
 
@@ -67,11 +67,10 @@ class ResponsesStreamGuard:
 
     # -- the step
 
-    def process(self, event: dict[str, Any]) -> Steps:
+    def process(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         if self._held is not None:
             return self._feed_held(event)
         return self._step(event)
-        yield   # a step that never needs a request answered
 
     def drain(self) -> list[dict[str, Any]]:
         if self._held is not None:

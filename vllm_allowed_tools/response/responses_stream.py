@@ -34,11 +34,12 @@ PAYLOAD_DELTAS = frozenset({"response.function_call_arguments.delta",
 
 
 class Step(Protocol):
-    """A stage of a Responses stream: what it passes on, in order, for each upstream event."""
+    """A stage of a Responses stream: what it passes on, in order, for each upstream event (a
+    list, or :data:`Steps` when it must ask for something first)."""
 
     holding: bool
 
-    def process(self, event: dict[str, Any]) -> Steps: ...
+    def process(self, event: dict[str, Any]) -> list[dict[str, Any]] | Steps: ...
 
     def drain(self) -> list[dict[str, Any]]: ...
 
@@ -88,27 +89,26 @@ class ResponsesStream:
         self.steps: list[Step] = []
         self.restore = restore
         self.error: Exception | None = None
+        self.terminal = False
         self._closed = False
         self._seq: int | None = None
         self._snapshot: dict[str, Any] | None = None
         self._sent: dict[Any, _Sent] = {}
 
     @property
-    def terminal(self) -> bool:
-        return self.error is not None
-
-    @property
     def holding(self) -> bool:
         """True while a step withholds events it may still send."""
-        return not self.terminal and any(step.holding for step in self.steps)
+        if self.error is None:
+            for step in self.steps:
+                if step.holding:
+                    return True
+        return False
 
     # -- driving
 
     def process(self, event: dict[str, Any]) -> Steps:
         """Feed one upstream event; yields the requests steps need answered; returns what to send."""
-        if self.terminal:
-            return []
-        return (yield from self._through(0, [event]))
+        return self._through(0, [event] if self.error is None else [])
 
     def finish(self) -> Steps:
         """Upstream ended: what the steps still hold and may send (or the closing events)."""
@@ -128,7 +128,8 @@ class ResponsesStream:
             failed_before = self.error
             passed: list[dict[str, Any]] = []
             for event in events:
-                passed += yield from step.process(event)
+                result = step.process(event)
+                passed += result if isinstance(result, list) else (yield from result)
                 if self.error is not failed_before:   # this step ended the stream
                     break
             events = passed
@@ -201,6 +202,7 @@ class ResponsesStream:
         the closing events follow what was already passed on."""
         if self.error is None:
             self.error = error
+            self.terminal = True
             if isinstance(error, AllowedToolsViolation):
                 record_violation(error.source)
 
