@@ -21,8 +21,8 @@ class _ChatCall:
 class ChatStreamGuard:
     """Guard a Chat Completions chunk stream (``docs/response-path.md``)."""
 
-    def __init__(self, policy: CallFilter, *, source: str = "stream_guard") -> None:
-        self.policy = policy
+    def __init__(self, call_filter: CallFilter, *, source: str = "stream_guard") -> None:
+        self.call_filter = call_filter
         self.source = source
         self.terminal = False
         self.violation: AllowedToolsViolation | None = None
@@ -112,7 +112,7 @@ class ChatStreamGuard:
             if state.decided or not is_complete(key):
                 continue
             name = "".join(state.name) or None
-            if not is_call_allowed(self.policy, name, state.kind):
+            if not is_call_allowed(self.call_filter, name, state.kind):
                 return self._fail(name, state.kind)
             state.decided = True
         return None
@@ -128,7 +128,7 @@ class ChatStreamGuard:
         return out
 
     def _fail(self, name: str | None, kind: str) -> list[dict[str, Any]]:
-        return self.refuse(refusal(self.policy, name, kind, self.source, public_name=False))
+        return self.refuse(refusal(self.call_filter, name, kind, self.source, public_name=False))
 
     def refuse(self, violation: AllowedToolsViolation) -> list[dict[str, Any]]:
         """End the stream now with ``violation`` (counted under its ``source``): the error chunk.

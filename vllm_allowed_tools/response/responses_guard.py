@@ -27,9 +27,9 @@ class ResponsesStreamGuard:
     :class:`ResponsesStream`, it is one step on that stream.
     """
 
-    def __init__(self, policy: CallFilter, *, source: str = "stream_guard",
+    def __init__(self, call_filter: CallFilter, *, source: str = "stream_guard",
                  stream: ResponsesStream | None = None) -> None:
-        self.policy = policy
+        self.call_filter = call_filter
         self.source = source
         self.stream = stream if stream is not None else ResponsesStream()
         self.stream.steps.append(self)
@@ -89,7 +89,7 @@ class ResponsesStreamGuard:
         if state != "named":
             return []
         flat = flat_name(name, namespace)
-        if not is_call_allowed(self.policy, flat, kind):
+        if not is_call_allowed(self.call_filter, flat, kind):
             return self._fail(flat, kind)
         held, self._held, self._pending = self._held, None, None
         self._named[index] = flat
@@ -139,17 +139,17 @@ class ResponsesStreamGuard:
             return self._added(event)
         if kind == "response.function_call_arguments.done" and event.get("name"):
             name = flat_name(event.get("name"), self._namespaces.get(event.get("output_index")))
-            if not is_call_allowed(self.policy, name, "function"):
+            if not is_call_allowed(self.call_filter, name, "function"):
                 return self._fail(name, "function")
         elif kind == "response.output_item.done":
             item = event.get("item")
             identity = item_identity(item) if isinstance(item, Mapping) else None
             judged = identity is not None and (identity[1] is not None
                                                or event.get("output_index") not in self._named)
-            if judged and not is_call_allowed(self.policy, identity[1], identity[0]):  # type: ignore[index]
+            if judged and not is_call_allowed(self.call_filter, identity[1], identity[0]):  # type: ignore[index]
                 return self._fail(identity[1], identity[0])  # type: ignore[index]
         elif kind in ("response.completed", "response.incomplete"):
-            violation = responses_violation(event.get("response"), self.policy, self.source,
+            violation = responses_violation(event.get("response"), self.call_filter, self.source,
                                             public_name=False)
             if violation is not None:
                 return self._fail(violation.name, violation.kind)
@@ -167,7 +167,7 @@ class ResponsesStreamGuard:
                 self._held = [event]
                 self._pending = (index, item.get("id"), item.get("namespace"), call_kind)
                 return []
-            if name is not None and not is_call_allowed(self.policy, name, call_kind):
+            if name is not None and not is_call_allowed(self.call_filter, name, call_kind):
                 return self._fail(name, call_kind)
         self._namespaces[index] = item.get("namespace")
         return [event]
@@ -175,5 +175,5 @@ class ResponsesStreamGuard:
     def _fail(self, name: str | None, kind: str) -> list[dict[str, Any]]:
         self._held = None
         self._pending = None
-        self.stream.fail(refusal(self.policy, name, kind, self.source, public_name=False))
+        self.stream.fail(refusal(self.call_filter, name, kind, self.source, public_name=False))
         return []

@@ -11,29 +11,29 @@ from .calls import chat_call_identity, item_identity
 from .violations import AllowedToolsViolation, CallFilter, is_call_allowed, refusal
 
 
-def responses_violation(body: Any, policy: Any, source: str, *,
+def responses_violation(body: Any, call_filter: Any, source: str, *,
                         public_name: bool) -> AllowedToolsViolation | None:
     """The violation of the first refused call in a Responses object's ``output``, else None."""
     output = body.get("output") if isinstance(body, Mapping) else None
     for item in output if isinstance(output, list) else ():
         if isinstance(item, Mapping):
             identity = item_identity(item)
-            if identity is not None and not is_call_allowed(policy, identity[1], identity[0]):
-                return refusal(policy, identity[1], identity[0], source, public_name=public_name)
+            if identity is not None and not is_call_allowed(call_filter, identity[1], identity[0]):
+                return refusal(call_filter, identity[1], identity[0], source, public_name=public_name)
     return None
 
 
-def check_responses_object(body: Mapping[str, Any], policy: CallFilter, *,
+def check_responses_object(body: Mapping[str, Any], call_filter: CallFilter, *,
                            source: str = "unary_guard") -> None:
     """Raise :class:`AllowedToolsViolation` if a Responses object's ``output`` holds a refused call
     (``function_call`` by flat name; ``custom_tool_call`` per ``is_custom_allowed``)."""
-    violation = responses_violation(body, policy, source, public_name=True)
+    violation = responses_violation(body, call_filter, source, public_name=True)
     if violation is not None:
         record_violation(source)
         raise violation
 
 
-def check_chat_completion(body: Mapping[str, Any], policy: CallFilter, *,
+def check_chat_completion(body: Mapping[str, Any], call_filter: CallFilter, *,
                           source: str = "unary_guard") -> None:
     """Raise :class:`AllowedToolsViolation` if any ``choices[].message`` calls a refused tool
     (``tool_calls[].function.name``, and the legacy ``function_call.name``)."""
@@ -48,6 +48,6 @@ def check_chat_completion(body: Mapping[str, Any], policy: CallFilter, *,
         if isinstance(legacy, Mapping):
             identities.append(("function", flat_name(legacy.get("name"))))
         for kind, name in identities:
-            if not is_call_allowed(policy, name, kind):
+            if not is_call_allowed(call_filter, name, kind):
                 record_violation(source)
-                raise refusal(policy, name, kind, source, public_name=True)
+                raise refusal(call_filter, name, kind, source, public_name=True)

@@ -15,7 +15,7 @@ STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed to
 
 @runtime_checkable
 class CallFilter(Protocol):
-    """What the guard needs from a policy. WireAllowlist, TurnAllowlist and AllowedNames satisfy it."""
+    """What the guard needs to judge a call. WireAllowlist, TurnAllowlist and AllowedNames satisfy it."""
 
     def is_allowed(self, flat_name: str | None) -> bool: ...
 
@@ -39,38 +39,38 @@ class AllowedToolsViolation(AllowedToolsError):
         self.kind = kind
 
 
-def is_call_allowed(policy: Any, name: str | None, kind: str) -> bool:
-    """Whether ``policy`` lets a call of ``kind`` (``function`` / ``custom``) named ``name`` out."""
+def is_call_allowed(call_filter: Any, name: str | None, kind: str) -> bool:
+    """Whether ``call_filter`` lets a call of ``kind`` (``function`` / ``custom``) named ``name`` out."""
     if kind == "custom":
-        check = getattr(policy, "is_custom_allowed", None)
+        check = getattr(call_filter, "is_custom_allowed", None)
         return bool(check(name)) if callable(check) and name is not None else False
-    return name is not None and bool(policy.is_allowed(name))
+    return name is not None and bool(call_filter.is_allowed(name))
 
 
-def _refusal_reason(policy: Any, name: str | None, kind: str) -> str:
+def _refusal_reason(call_filter: Any, name: str | None, kind: str) -> str:
     if name is None:
         return "has no name"
     if kind == "custom":
         return "is a custom tool, which this turn's policy does not allow"
-    catalog = getattr(policy, "catalog", None)
+    catalog = getattr(call_filter, "catalog", None)
     known: bool | None = None
     if isinstance(catalog, (set, frozenset)):
         known = name in catalog
-    elif callable(getattr(policy, "lookup", None)):
-        known = policy.lookup(name) is not None
+    elif callable(getattr(call_filter, "lookup", None)):
+        known = call_filter.lookup(name) is not None
     if known is False:
         return "is not in the request's tool catalog"
     return "is not in this turn's allowed tools"
 
 
-def refusal(policy: Any, name: str | None, kind: str, source: str, *,
+def refusal(call_filter: Any, name: str | None, kind: str, source: str, *,
             public_name: bool) -> AllowedToolsViolation:
     """The violation for a refused call; ``public_name``: the message may name the tool (a unary
     answer); a streamed message never does (the name is a byte of the withheld call)."""
     if public_name:
         shown = repr(name) if name is not None else "(unnamed)"
         message = (f"The model produced a call to {kind} tool {shown}, which "
-                   f"{_refusal_reason(policy, name, kind)}. The response was withheld "
+                   f"{_refusal_reason(call_filter, name, kind)}. The response was withheld "
                    f"(allowed_tools_violation); retry the request.")
     else:
         message = STREAM_MESSAGE
