@@ -10,7 +10,6 @@ from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, ope
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import (
     ResponseApprovals,
-    WithoutGated,
     direct_events,
     direct_response,
     prepare_request,
@@ -18,7 +17,6 @@ from vllm_allowed_tools.approvals.wire import (
     session_of,
     strip_approval_hints,
 )
-from vllm_allowed_tools.response import AllowedNames
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
@@ -185,12 +183,6 @@ def test_stream_passes_a_free_call_unchanged(engine):
     out = [event for event in raw for event in stream.feed(event)]
     assert [e["type"] for e in out] == [e["type"] for e in raw]
     assert out[-1]["response"]["output"][0]["type"] == "function_call"
-
-
-def test_chat_cannot_release_gated_tools(engine):
-    body = {"tools": [POOL_BY_NAME[GATED].chat_tool(), POOL_BY_NAME[FREE].chat_tool()]}
-    policy = WithoutGated(AllowedNames.from_request(body, "chat"), engine, body)
-    assert policy.is_allowed(FREE) and not policy.is_allowed(GATED)
 
 
 def test_approval_hints_are_stripped_for_vllm_and_direct_responses_validate():

@@ -16,7 +16,6 @@ from typing import Any, Mapping, Sequence
 from ..request import ToolIdentity, TurnAllowlist
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
-from .errors import ApprovalInputError
 from .hints import approval_hint
 from .items import ToolCallApproval, parse_input_items
 
@@ -244,29 +243,6 @@ class ResponseApprovals:
             new_output.append(item)
         response["output"] = new_output
         return response
-
-
-class WithoutGated:
-    """Chat Completions cannot carry elicitations: there, a tool that needs approval is simply not
-    callable (the output guard refuses it), so no gated call is ever released unasked."""
-
-    def __init__(self, base: Any, engine: ApprovalEngine, body: Mapping[str, Any]) -> None:
-        self.base = base
-        self.gated: set[str] = set()
-        for tool in body.get("tools") or []:
-            fn = tool.get("function") if isinstance(tool, Mapping) else None
-            name = fn.get("name") if isinstance(fn, Mapping) else None
-            if isinstance(name, str):
-                try:
-                    required = engine.policy.effective(ToolIdentity(None, name),
-                                                       approval_hint(tool)).required
-                except ApprovalInputError:   # check_hints refuses these before generation;
-                    required = True          # should one get here anyway: fail closed
-                if required:
-                    self.gated.add(name)
-
-    def is_allowed(self, flat_name: str | None) -> bool:
-        return flat_name not in self.gated and self.base.is_allowed(flat_name)
 
 
 def direct_response(body: Mapping[str, Any], output: list[dict[str, Any]],

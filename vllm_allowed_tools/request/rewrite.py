@@ -6,11 +6,12 @@ smuggle in an allowlist or a grammar, is in ``docs/request-path.md``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ..decode.stage import XARGS_KEYS
-from .allowlist import TurnAllowlist, resolve_allowlist
+from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
 from .typed_fields import normalise_fields
 
@@ -95,6 +96,28 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
                                        "names": sorted(allowlist.allowed_flat_names)}
     new["chat_template_kwargs"] = template_kwargs
     return Rewritten(new, allowlist, original, True, request)
+
+
+def narrow_allowlist(rewritten: Rewritten, remove: Collection[str]) -> Rewritten:
+    """Take the tools named in ``remove`` (flat names) out of what the grammar and the parser admit
+    this turn, and nothing else: only the wire allowlist changes (one is added to a plain ``auto`` /
+    ``required`` request), while ``tools``, ``tool_choice`` and the template's policy block keep
+    the client's choice, so the rendered prompt is byte for byte the same. A named choice is never
+    narrowed (its one tool is either callable or refused before this)."""
+    allowlist = rewritten.allowlist
+    if allowlist is None or allowlist.choice not in ("auto", "required", "allowed"):
+        return rewritten
+    callable_ids = frozenset(spec.identity for spec in allowlist.allowed_specs)
+    kept = frozenset(spec.identity for spec in allowlist.allowed_specs
+                     if spec.flat_name not in remove)
+    if kept == callable_ids:
+        return rewritten
+    mode = allowlist.mode or allowlist.choice
+    narrowed = replace(allowlist, choice="allowed", mode=mode, allowed=kept,
+                       allowlist_digest=allowlist_digest("allowed", mode, kept,
+                                                         allowlist.parallel_tool_calls))
+    body = {**rewritten.body, ALLOWLIST_KEY: allowlist_to_wire(narrowed)}
+    return replace(rewritten, body=body, changed=True)
 
 
 def filter_catalog(body: dict[str, Any], allowlist: TurnAllowlist) -> dict[str, Any]:

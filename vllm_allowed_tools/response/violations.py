@@ -9,13 +9,19 @@ from ..errors import AllowedToolsError
 CODE_VIOLATION = "allowed_tools_violation"
 SOURCE_UNREADABLE = "unreadable"   # metrics source of a response the guard could not read
 
+#: what sending the same request again does after a refused call (the request itself was valid)
+ON_RETRY = ("Sending the request again generates a new answer; with the same `seed` and sampling "
+            "settings it is likely the same one, refused the same way.")
+
 STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed tools. The call was "
-                  "withheld and the response stopped (allowed_tools_violation); retry the request.")
+                  f"withheld and the response stopped (allowed_tools_violation). {ON_RETRY}")
 
 
 @runtime_checkable
 class CallFilter(Protocol):
-    """What the guard needs to judge a call. WireAllowlist, TurnAllowlist and AllowedNames satisfy it."""
+    """What the guard needs to judge a call. WireAllowlist, TurnAllowlist and AllowedNames satisfy it.
+    A filter may also say why it refuses a name: ``refusal_message(name, public_name=...)`` returns
+    the error text, or None for the usual one."""
 
     def is_allowed(self, flat_name: str | None) -> bool: ...
 
@@ -67,12 +73,14 @@ def refusal(call_filter: Any, name: str | None, kind: str, source: str, *,
             public_name: bool) -> AllowedToolsViolation:
     """The violation for a refused call; ``public_name``: the message may name the tool (a unary
     answer); a streamed message never does (the name is a byte of the withheld call)."""
-    if public_name:
+    explain = getattr(call_filter, "refusal_message", None)
+    message = explain(name, public_name=public_name) if callable(explain) else None
+    if message is None and public_name:
         shown = repr(name) if name is not None else "(unnamed)"
         message = (f"The model produced a call to {kind} tool {shown}, which "
                    f"{_refusal_reason(call_filter, name, kind)}. The response was withheld "
-                   f"(allowed_tools_violation); retry the request.")
-    else:
+                   f"(allowed_tools_violation). {ON_RETRY}")
+    elif message is None:
         message = STREAM_MESSAGE
     return AllowedToolsViolation(message, name=name, source=source, kind=kind)
 
@@ -84,5 +92,6 @@ def unreadable_violation(what: str) -> AllowedToolsViolation:
     counted here: the caller counts it when it refuses."""
     return AllowedToolsViolation(
         f"The response could not be checked against this turn's tools ({what}), so it was withheld "
-        f"(allowed_tools_violation); retry the request.", name=None, source=SOURCE_UNREADABLE,
-        kind="unreadable")
+        f"(allowed_tools_violation). This comes from how the server is set up, not from the "
+        f"model: the same request sent again is refused the same way. Tell the server operator.",
+        name=None, source=SOURCE_UNREADABLE, kind="unreadable")

@@ -16,11 +16,11 @@ import sys
 from dataclasses import replace
 from typing import Any
 
+from ..approvals.chat import ChatApprovals
 from ..approvals.errors import GrantStoreUnavailable
-from ..approvals.wire import WithoutGated
 from ..errors import AllowedToolsError
 from ..metrics import record_fallback
-from ..request.rewrite import Api, filter_catalog, rewrite_request
+from ..request.rewrite import Api, filter_catalog, narrow_allowlist, rewrite_request
 from ..response import AllowedNames, request_tools
 from ..response.asgi import Receive, Scope, Send
 from ..response.sse import SSEEvent
@@ -129,8 +129,9 @@ class AllowedToolsMiddleware:
             if prepared is None:
                 return   # answered already
             rewritten, approvals = prepared
-            if api == "chat" and policy is not None:
-                policy = WithoutGated(policy, self.approvals, data)
+            if isinstance(approvals, ChatApprovals):   # decided already: the guard is the backstop
+                policy = approvals.call_filter(policy) if policy is not None else None
+                approvals = None
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
             scope = dict(scope, headers=with_content_length(list(scope.get("headers", [])), len(body)))
@@ -146,12 +147,9 @@ class AllowedToolsMiddleware:
                                  api: Api, render: bool) -> tuple[Any, Any] | None:
         """(the rewritten request, the response-side approvals or None); None when the request
         was answered here (an error, or calls released by an approval without the model)."""
-        try:
-            if api == "responses":   # it may read and write the grant store: off the loop
-                rewritten, approvals, direct = await asyncio.to_thread(
-                    self._approvals, scope, data, rewritten, api, render)
-            else:
-                rewritten, approvals, direct = self._approvals(scope, data, rewritten, api, render)
+        try:   # it may read and write the grant store: off the loop
+            rewritten, approvals, direct = await asyncio.to_thread(
+                self._approvals, scope, data, rewritten, api, render)
         except AllowedToolsError as exc:
             if isinstance(exc, GrantStoreUnavailable):
                 log_store_down(exc)
@@ -165,6 +163,7 @@ class AllowedToolsMiddleware:
     def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api, render: bool):
         """(rewritten request, the response-side approvals or None, calls to release directly).
         A render request never reaches the grant store: it cannot answer an elicitation."""
+        from ..approvals.chat import decide_chat_turn
         from ..approvals.hints import check_hints
         from ..approvals.wire import (
             ResponseApprovals,
@@ -179,13 +178,19 @@ class AllowedToolsMiddleware:
         body = strip_approval_hints(rewritten.body)
         if render:
             _refuse_approval_items(data)
-        if api != "responses" or render:
+        if render:
             return replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body), \
                 None, None
         principal = principal_from_headers(scope.get("headers", []),
                                            self.approvals.store.principal_secret)
         session = session_of(data)
-        catalog = rewritten.allowlist or resolve_callable_catalog(data, "responses")
+        catalog = rewritten.allowlist or resolve_callable_catalog(data, api)
+        if api == "chat":
+            chat = decide_chat_turn(self.approvals, data, catalog, principal=principal,
+                                    session=session)
+            rewritten = narrow_allowlist(replace(rewritten, body=body, changed=rewritten.changed
+                                                 or body is not rewritten.body), chat.blocked)
+            return rewritten, chat, None
         prepared = prepare_request(self.approvals, body, principal=principal, session=session,
                                    catalog=catalog)
         if prepared.direct_output is not None:

@@ -81,8 +81,8 @@ class AllowedToolsMixin:
         policy = request_allowlist(request)
         if policy is None:
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
-        if self.structural_tag_model is None:
-            return None
+        if self.structural_tag_model is None or not policy.allowed:
+            return None   # nothing callable (an auto turn whose tools all need approval): no tag
         subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
                                          max(strict_level, ToolStrictLevel.FUNCTION))
         return subset_tag.tag if subset_tag is not None else None
@@ -95,7 +95,9 @@ class AllowedToolsMixin:
         # for the subset (JSON-schema parsers) and its other side effects (e.g. keeping special
         # tokens such as [TOOL_CALLS] in the output); the catalog-wide grammar is never taken.
         probe = super().adjust_request(_narrowed(request, policy))
-        if self.structural_tag_model is not None:
+        # an auto turn with nothing callable (every tool needs approval) gets no grammar: free
+        # text, and every call parsed from it is dropped below
+        if self.structural_tag_model is not None and policy.allowed:
             request = self._ensure_structural_tag(request, policy)
         elif policy.mode == "required":
             for field_name in ("structured_outputs", "response_format", "text"):
