@@ -1,5 +1,6 @@
-"""Grant-store faults on the real server (issue 10), at CI size; the same code as
-``benchmarks/reliability.py`` (its store-outage and kill parts), one JSON line of figures each.
+"""Grant-store faults on the real server, at CI size; the same code as ``benchmarks/reliability.py``
+runs (:mod:`vllm_allowed_tools.testing.reliability`: its store-outage and kill parts), one JSON line
+of figures each.
 
 * The store unavailable while the server runs: SQLite (its folder moved away; its write lock held
   by another process past the busy timeout) and PostgreSQL (the server stopped; skipped without
@@ -20,9 +21,10 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import load_script, start_cli_server, stop_cli_server
+from conftest import start_cli_server, stop_cli_server
 
-rel = load_script("benchmarks", "reliability")
+from vllm_allowed_tools.testing import reliability as rel
+from vllm_allowed_tools.testing.store_faults import sqlite_locked
 
 pytestmark = pytest.mark.server
 
@@ -54,7 +56,7 @@ def test_sqlite_store_unavailable_fails_closed_and_recovers(tmp_path):
     try:
         figures = rel.run_store_outage(server.base_url, lambda: rel.sqlite_folder_gone(db),
                                        "sqlite_folder_gone", ROUNDS)
-        rel.run_store_outage(server.base_url, lambda: rel.sqlite_locked(db), "sqlite_locked",
+        rel.run_store_outage(server.base_url, lambda: sqlite_locked(db), "sqlite_locked",
                              ROUNDS, figures)
         _print("store_outage_sqlite", figures)
         _check_outage(figures, 2)

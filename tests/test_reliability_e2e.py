@@ -1,8 +1,9 @@
-"""Reliability against the real server (issue 10): request fuzzing, concurrent load, client faults.
+"""Reliability against the real server: request fuzzing, concurrent load, client faults.
 
-The machinery lives in ``benchmarks/reliability.py`` (one command runs it at a larger size against a
-server it starts itself); these tests run the same code at a size that fits CI, on the session's
-random-model server, and print one JSON line of figures each (``pytest -s`` shows them).
+The machinery lives in :mod:`vllm_allowed_tools.testing.reliability` (``benchmarks/reliability.py``
+runs it at a larger size against a server it starts itself); these tests run the same code at a size
+that fits CI, on the session's random-model server, and print one JSON line of figures each
+(``pytest -s`` shows them).
 
 Sizes: ``VLLM_ALLOWED_TOOLS_FUZZ_EXAMPLES`` (default 200), ``VLLM_ALLOWED_TOOLS_LOAD_REQUESTS``
 (default 24 concurrent streams), ``VLLM_ALLOWED_TOOLS_LOAD_ROUNDS`` (default 3),
@@ -23,9 +24,9 @@ import uuid
 
 import httpx
 import pytest
-from conftest import load_script, start_cli_server, stop_cli_server
+from conftest import start_cli_server, stop_cli_server
 
-rel = load_script("benchmarks", "reliability")
+from vllm_allowed_tools.testing import reliability as rel
 
 FUZZ_EXAMPLES = int(os.environ.get("VLLM_ALLOWED_TOOLS_FUZZ_EXAMPLES", "200"))
 LOAD_REQUESTS = int(os.environ.get("VLLM_ALLOWED_TOOLS_LOAD_REQUESTS", "24"))
