@@ -642,34 +642,105 @@ def test_stored_responses_are_not_served(server):
     assert refused.value.status_code == 400
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
-@pytest.mark.parametrize("tool_choice", [
-    {"type": "function", "function": {"name": GATED}}, "required",
-    {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
-        {"type": "function", "function": {"name": GATED}}]}},
-], ids=["named", "required", "allowed-tools"])
-def test_chat_completions_never_releases_the_gated_call(server, tool_choice, stream):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Send it."}],
-            "tools": [POOL_BY_NAME[GATED].chat_tool()], "tool_choice": tool_choice,
-            "parallel_tool_calls": False, "max_tokens": 60, "temperature": 1.0, "seed": 5,
-            "stream": stream}
+# -------------------------------------------------------------- 10b. Chat Completions
+# Chat cannot carry an elicitation: decided before generation (docs/approvals.md, "Chat Completions")
+
+
+def _chat(server, stream: bool, key: str = KEY_A, **fields: Any) -> tuple[int, Any]:
+    """POST /v1/chat/completions: (status, the JSON body, or the decoded chunks of a 200 stream)."""
+    body = {"model": "tiny", "messages": [USER], "tools": CHAT_TOOLS, "parallel_tool_calls": False,
+            "max_tokens": 60, "temperature": 1.0, "seed": 5, "stream": stream, **fields}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
     response = httpx.post(server.base_url + "/chat/completions", json=body, timeout=120,
-                          headers={"Authorization": f"Bearer {KEY_A}"})
+                          headers={"Authorization": f"Bearer {key}"})
+    if not stream or response.status_code != 200:
+        return response.status_code, response.json()
+    return 200, [json.loads(line[6:]) for line in response.text.splitlines()
+                 if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def _chat_calls(stream: bool, data: Any) -> list[str]:
+    """The names of the calls a 200 answer carries; no error in it."""
     if not stream:
-        assert response.status_code != 200 or not any(
-            choice["message"].get("tool_calls") for choice in response.json()["choices"]), \
-            response.text
-        if response.status_code != 200:   # today: the guard withholds the whole answer
-            assert response.json()["error"]["code"] == "allowed_tools_violation", response.text
-        return
-    chunks = [json.loads(line[6:]) for line in response.text.splitlines()
-              if line.startswith("data: ") and line != "data: [DONE]"]
-    named = [call for chunk in chunks for choice in chunk.get("choices", ())
-             for call in choice.get("delta", {}).get("tool_calls") or ()]
-    assert not named, named
-    assert GATED not in "".join(json.dumps(c) for c in chunks if "error" not in c)
-    if response.status_code == 200:   # today: the stream ends with the guard's error event
-        assert any(c.get("error", {}).get("code") == "allowed_tools_violation" for c in chunks)
+        return [call["function"]["name"] for choice in data["choices"]
+                for call in choice["message"].get("tool_calls") or ()]
+    assert not [chunk for chunk in data if "error" in chunk], data
+    return [call["function"]["name"] for chunk in data for choice in chunk.get("choices", ())
+            for call in choice.get("delta", {}).get("tool_calls") or ()
+            if call.get("function", {}).get("name")]
+
+
+def _prompt_tokens_of(stream: bool, data: Any) -> int:
+    usage = data["usage"] if not stream else [c for c in data if c.get("usage")][-1]["usage"]
+    return usage["prompt_tokens"]
+
+
+_NAMED_GATED = {"type": "function", "function": {"name": GATED}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize(("tool_choice", "tools", "param"), [
+    (_NAMED_GATED, CHAT_TOOLS, "tool_choice.function.name"),
+    ("required", [POOL_BY_NAME[GATED].chat_tool()], "tool_choice"),
+    ({"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
+        {"type": "function", "function": {"name": GATED}}]}}, CHAT_TOOLS,
+     "tool_choice.allowed_tools.tools"),
+], ids=["named", "required", "allowed-tools"])
+def test_chat_forcing_a_gated_call_without_a_grant_is_a_400_before_generation(
+        server, tool_choice, tools, param, stream):
+    before = _prompt_tokens(server)
+    status, data = _chat(server, stream, tool_choice=tool_choice, tools=tools,
+                         prompt_cache_key="chat-no-grant")
+    error = _error((status, data), 400, "tool_needs_approval", param)
+    assert GATED in error["message"] and "/v1/responses" in error["message"]
+    assert "retry" not in error["message"].lower()
+    assert _prompt_tokens(server) == before, "the engine never saw the request"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "allowed_tools", "allowed_tools": {
+    "mode": "required", "tools": [{"type": "function", "function": {"name": GATED}},
+                                  {"type": "function", "function": {"name": FREE}}]}}],
+    ids=["required", "allowed-tools"])
+def test_chat_forced_calls_go_to_the_tools_that_need_no_approval(server, tool_choice, stream):
+    for seed in (1, 2, 3):
+        status, data = _chat(server, stream, tool_choice=tool_choice, seed=seed)
+        assert status == 200, data
+        assert _chat_calls(stream, data) == [FREE], data
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+@pytest.mark.parametrize("tool_choice", [None, "auto", {"type": "allowed_tools", "allowed_tools": {
+    "mode": "auto", "tools": [{"type": "function", "function": {"name": GATED}}]}}],
+    ids=["absent", "auto", "allowed-tools-only-gated"])
+def test_chat_auto_never_calls_a_gated_tool(server, tool_choice, stream):
+    fields = {} if tool_choice is None else {"tool_choice": tool_choice}
+    for seed in (1, 2, 3, 4):
+        status, data = _chat(server, stream, seed=seed, prompt_cache_key="chat-auto", **fields)
+        assert status == 200, data
+        assert GATED not in _chat_calls(stream, data), data
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
+def test_chat_releases_a_gated_call_under_a_live_session_grant(server, stream):
+    session = f"chat-grant-{stream}"
+    _accept_releases(server, _elicit(server, session), session, scope="session")
+    auto_tokens = {}
+    for granted_session in (session, "chat-other"):
+        status, data = _chat(server, stream, tool_choice="auto", prompt_cache_key=granted_session)
+        assert status == 200, data
+        auto_tokens[granted_session] = _prompt_tokens_of(stream, data)
+    # with the grant the tool is admitted, without it removed: the prompt is the same
+    assert auto_tokens[session] == auto_tokens["chat-other"]
+    status, data = _chat(server, stream, tool_choice=_NAMED_GATED, prompt_cache_key=session)
+    assert status == 200, data
+    assert _chat_calls(stream, data) == [GATED]
+    # another session or another API key holds no grant: refused before generation
+    _error(_chat(server, stream, tool_choice=_NAMED_GATED, prompt_cache_key="chat-other"), 400,
+           "tool_needs_approval")
+    _error(_chat(server, stream, key=KEY_B, tool_choice=_NAMED_GATED, prompt_cache_key=session),
+           400, "tool_needs_approval")
 
 
 def test_render_never_answers_an_elicitation(server):

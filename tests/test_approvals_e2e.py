@@ -1,6 +1,6 @@
 """Approvals end to end on the real server (official SDK sending the new items as raw JSON): a gated
 call comes back as an `elicitation`, unary and streaming; `accept` releases exactly that call
-without a model call; `decline` reaches the model as the call's result; Chat cannot release it."""
+without a model call; `decline` reaches the model as the call's result; Chat refuses it before generation."""
 
 from __future__ import annotations
 
@@ -133,5 +133,6 @@ def test_chat_cannot_release_a_gated_call(approvals_server):
                 "mode": "required", "tools": [{"type": "function", "function": {"name": GATED}}]}},
             "parallel_tool_calls": False, "max_tokens": 60, "temperature": 1.0, "seed": 5}
     response = httpx.post(approvals_server.base_url + "/chat/completions", json=body, timeout=60)
-    assert response.status_code == 500 and response.json()["error"]["code"] == \
-        "allowed_tools_violation"
+    # decided before generation: Chat has no item to carry the question (docs/approvals.md)
+    assert response.status_code == 400 and response.json()["error"]["code"] == \
+        "tool_needs_approval"
