@@ -7,12 +7,14 @@ The vLLM adapter (``vllm_glue/logits_processor.py``) only translates vLLM's batc
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from .grammar import _LRU, tag_digest
-from .stage import ConstraintArgsError, RequestGrammar
+from .stage import ConstraintArgsError, GrammarText, RequestGrammar
 
 logger = logging.getLogger(__name__)
 
@@ -21,22 +23,81 @@ class CompiledGrammars:
     """Compiled structural tags for one tokenizer, by tag digest (LRU).
 
     Keyed by digest, not by the client-visible allowlist, so no request can plant a grammar under
-    another turn's key: the digest is checked against the text on every compile."""
+    another turn's key: the digest is checked against the text on every compile. A catalog's
+    grammar (:mod:`.split`) is compiled in a background thread the first time a request names it;
+    until it is ready, requests are constrained by their own whole grammar."""
 
-    def __init__(self, tokenizer_info: Any, capacity: int = 256, max_threads: int = 8) -> None:
+    def __init__(self, tokenizer_info: Any, capacity: int = 256, max_threads: int = 8,
+                 catalog_capacity: int = 16) -> None:
         import xgrammar as xgr
         self.tokenizer_info = tokenizer_info
         self._compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=max_threads,
                                              cache_enabled=False)
         self._cache = _LRU(capacity)
+        self._catalogs = _LRU(catalog_capacity)
+        self._catalog_jobs: dict[str, Future] = {}
+        self._catalog_lock = threading.Lock()
+        self._worker: ThreadPoolExecutor | None = None
 
-    def get(self, grammar: RequestGrammar) -> Any:
+    def get(self, grammar: GrammarText) -> Any:
         compiled = self._cache.get(grammar.digest)
         if compiled is None:
-            if tag_digest(grammar.tag_json) != grammar.digest:
-                raise ConstraintArgsError("structural tag digest mismatch")
-            compiled = self._compiler.compile_structural_tag(grammar.tag_json)
+            compiled = self._compile(grammar)
             self._cache.put(grammar.digest, compiled)
+        return compiled
+
+    def _compile(self, grammar: GrammarText) -> Any:
+        if tag_digest(grammar.tag_json) != grammar.digest:
+            raise ConstraintArgsError("structural tag digest mismatch")
+        return self._compiler.compile_structural_tag(grammar.tag_json)
+
+    def matchers(self, grammar: RequestGrammar, stop_token_ids: Sequence[int] = ()) -> tuple[Any, Any]:
+        """(matcher, envelope matcher or None) for a request: the catalog's matcher and the
+        subset's envelope when the catalog is compiled, else the request's whole grammar (and the
+        catalog is compiled in the background for the next request)."""
+        import xgrammar as xgr
+        stops = list(stop_token_ids) or None
+        if grammar.catalog is not None and grammar.envelope is not None:
+            catalog = self.catalog(grammar.catalog, wait=False)
+            if catalog is not None:
+                try:
+                    envelope = self.get(grammar.envelope)
+                except Exception:   # the whole grammar below still enforces the subset
+                    logger.exception("vllm-allowed-tools: could not compile an envelope grammar")
+                else:
+                    return (xgr.GrammarMatcher(catalog, override_stop_tokens=stops),
+                            xgr.GrammarMatcher(envelope, override_stop_tokens=stops))
+        return xgr.GrammarMatcher(self.get(grammar), override_stop_tokens=stops), None
+
+    def catalog(self, grammar: GrammarText, wait: bool = True) -> Any:
+        """The compiled catalog grammar; ``wait=False`` returns None while it is being compiled in
+        the background (starting that on first sight)."""
+        compiled = self._catalogs.get(grammar.digest)
+        if compiled is not None:
+            return compiled
+        with self._catalog_lock:
+            job = self._catalog_jobs.get(grammar.digest)
+            if job is None:
+                if self._worker is None:
+                    self._worker = ThreadPoolExecutor(1, thread_name_prefix="allowed-tools-catalog")
+                job = self._catalog_jobs[grammar.digest] = self._worker.submit(self._compile_catalog, grammar)
+        if not wait and not job.done():
+            return None
+        try:
+            return job.result()
+        except Exception:   # logged by the worker; such a catalog is never used
+            return None
+
+    def _compile_catalog(self, grammar: GrammarText) -> Any:
+        try:
+            compiled = self._compile(grammar)
+        except Exception:
+            logger.exception("vllm-allowed-tools: could not compile a catalog grammar; its requests "
+                             "keep their own grammars")
+            raise
+        self._catalogs.put(grammar.digest, compiled)
+        with self._catalog_lock:
+            self._catalog_jobs.pop(grammar.digest, None)
         return compiled
 
     @property
@@ -52,6 +113,7 @@ class _Row:
     consumed: int = 0
     failed: bool = False               # a token the grammar refused: only stop tokens from now on
     stop_token_ids: tuple[int, ...] = field(default=())
+    envelope: Any = None               # the subset's envelope, when ``matcher`` is the catalog's
 
 
 class MaskedBatch:
@@ -64,6 +126,7 @@ class MaskedBatch:
         self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)
         self._words = self._bitmask.numpy()      # the same memory, for numpy
         self._batch_filler: Any = None
+        self._envelope_bitmask: Any = None       # the envelopes' masks, before intersecting
         self._stop_rows: dict[tuple[int, ...], Any] = {}
         self.rows: dict[int, _Row] = {}
 
@@ -75,10 +138,8 @@ class MaskedBatch:
         self.rows.pop(row, None)
         if grammar is None:
             return
-        import xgrammar as xgr
         try:
-            matcher = xgr.GrammarMatcher(self.grammars.get(grammar),
-                                         override_stop_tokens=list(stop_token_ids) or None)
+            matcher, envelope = self.grammars.matchers(grammar, stop_token_ids)
         except Exception:   # admission validated it; if it still cannot compile, fail closed
             logger.exception("vllm-allowed-tools: could not compile the request's grammar; the "
                              "request may only stop")
@@ -86,7 +147,7 @@ class MaskedBatch:
                                   stop_token_ids=tuple(stop_token_ids))
             return
         self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
-                              stop_token_ids=tuple(stop_token_ids))
+                              stop_token_ids=tuple(stop_token_ids), envelope=envelope)
 
     def remove(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -111,7 +172,8 @@ class MaskedBatch:
                 state.consumed += 1
                 if state.failed or state.matcher.is_terminated():
                     continue
-                if not state.matcher.accept_token(int(token)):
+                if not state.matcher.accept_token(int(token)) or \
+                        (state.envelope is not None and not state.envelope.accept_token(int(token))):
                     state.failed = True
                     logger.error("vllm-allowed-tools: the grammar refused token %d; the request "
                                  "may only stop now", token)
@@ -125,7 +187,7 @@ class MaskedBatch:
         if not indices:
             return logits
         bitmask = self._bitmask
-        masked, live_rows, live_matchers = [], [], []
+        masked, live_rows, live_matchers, envelopes = [], [], [], []
         for row in indices:
             state = self.rows[row]
             if state.failed or state.matcher.is_terminated():
@@ -134,11 +196,15 @@ class MaskedBatch:
             else:
                 live_rows.append(row)
                 live_matchers.append(state.matcher)
-        if len(live_rows) == 1:             # xgrammar says whether the mask allows everything
+                if state.envelope is not None:
+                    envelopes.append((row, state.envelope))
+        if len(live_rows) == 1 and not envelopes:   # xgrammar says whether the mask allows everything
             if live_matchers[0].fill_next_token_bitmask(bitmask, live_rows[0]):
                 masked.append(live_rows[0])
-        elif live_rows:                     # one call, rows filled in parallel by xgrammar
-            self._batch_matcher().batch_fill_next_token_bitmask(live_matchers, bitmask, live_rows)
+        elif live_rows:
+            self._fill(live_matchers, bitmask, live_rows)
+            if envelopes:
+                self._intersect_envelopes(envelopes)
             masked += self._not_open(live_rows)
         if not masked:
             return logits
@@ -151,11 +217,25 @@ class MaskedBatch:
                                             vocab_size=vocab, indices=masked)
         return logits
 
-    def _batch_matcher(self) -> Any:
+    def _fill(self, matchers: list[Any], bitmask: Any, rows: list[int]) -> None:
+        """Fill the rows' masks: one call for several rows, filled in parallel by xgrammar."""
+        if len(rows) == 1:
+            matchers[0].fill_next_token_bitmask(bitmask, rows[0])
+            return
         if self._batch_filler is None:
             import xgrammar as xgr
             self._batch_filler = xgr.BatchGrammarMatcher()
-        return self._batch_filler
+        self._batch_filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
+
+    def _intersect_envelopes(self, envelopes: list[tuple[int, Any]]) -> None:
+        """Each row's catalog mask AND its envelope's: names from the subset, arguments from the
+        tool's schema (:mod:`.split`)."""
+        if self._envelope_bitmask is None:
+            import xgrammar as xgr
+            self._envelope_bitmask = xgr.allocate_token_bitmask(self._words.shape[0], self.vocab_size)
+        rows = [row for row, _ in envelopes]
+        self._fill([matcher for _, matcher in envelopes], self._envelope_bitmask, rows)
+        self._words[rows] &= self._envelope_bitmask.numpy()[rows]
 
     def _not_open(self, rows: list[int]) -> list[int]:
         """The rows whose mask refuses something: a row with every bit set (free text in auto

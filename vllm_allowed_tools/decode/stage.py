@@ -14,11 +14,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .grammar import BuiltTag
+    from .split import SplitTags
 
 #: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
 XARGS_TAG = "vllm_allowed_tools_tag"
 XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
-XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST)
+#: optional, together: the same grammar split into the catalog's grammar and the subset's envelope
+#: (:mod:`.split`), each JSON with its sha256
+XARGS_CATALOG = "vllm_allowed_tools_catalog_tag"
+XARGS_CATALOG_DIGEST = "vllm_allowed_tools_catalog_tag_digest"
+XARGS_ENVELOPE = "vllm_allowed_tools_envelope_tag"
+XARGS_ENVELOPE_DIGEST = "vllm_allowed_tools_envelope_tag_digest"
+XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST, XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE,
+              XARGS_ENVELOPE_DIGEST)
 
 #: which constraint stage serves allowed-tools grammars; see :func:`choose_stage`
 STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
@@ -80,16 +88,30 @@ def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, o
     return STAGE_NATIVE
 
 
-def constraint_extra_args(tag: BuiltTag) -> dict[str, str]:
+def constraint_extra_args(tag: BuiltTag, split: SplitTags | None = None) -> dict[str, str]:
     """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
-    logits-processor stage constrains the request with ``tag``."""
-    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest}
+    logits-processor stage constrains the request with ``tag``; ``split`` (the same grammar as
+    catalog + envelope, :func:`.split.split_tags`) spares a new subset the compile of ``tag``."""
+    args = {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest}
+    if split is not None:
+        args.update({XARGS_CATALOG: split.catalog.json, XARGS_CATALOG_DIGEST: split.catalog.digest,
+                     XARGS_ENVELOPE: split.envelope.json, XARGS_ENVELOPE_DIGEST: split.envelope.digest})
+    return args
 
 
 @dataclass(frozen=True)
-class RequestGrammar:
+class GrammarText:
+    """A structural tag's JSON and the sha256 it claims (checked before it is ever compiled)."""
     tag_json: str
     digest: str
+
+
+@dataclass(frozen=True)
+class RequestGrammar(GrammarText):
+    """The grammar a request is constrained with; ``catalog`` and ``envelope`` (both or neither)
+    are the same grammar split in two (:mod:`.split`)."""
+    catalog: GrammarText | None = None
+    envelope: GrammarText | None = None
 
 
 def read_extra_args(extra_args: Mapping[str, Any] | None, *, verify: bool = True) -> RequestGrammar | None:
@@ -97,16 +119,24 @@ def read_extra_args(extra_args: Mapping[str, Any] | None, *, verify: bool = True
     the key when the arguments are malformed. ``verify`` hashes the tag against its digest (done once
     per request at admission; the engine side skips it and :class:`CompiledGrammars` checks again
     whenever it compiles, so no grammar is ever cached under a digest it does not hash to)."""
-    if not extra_args or (XARGS_TAG not in extra_args and XARGS_DIGEST not in extra_args):
+    if not extra_args or not any(key in extra_args for key in XARGS_KEYS):
         return None
-    tag_json, digest = extra_args.get(XARGS_TAG), extra_args.get(XARGS_DIGEST)
-    if not isinstance(tag_json, str) or not tag_json:
-        raise ConstraintArgsError(f"extra_args.{XARGS_TAG} must be the structural tag's JSON text")
-    if not isinstance(digest, str) or len(digest) != 64 or (verify and digest != _sha256(tag_json)):
-        raise ConstraintArgsError(f"extra_args.{XARGS_DIGEST} must be the sha256 of "
-                                  f"extra_args.{XARGS_TAG}; build both with constraint_extra_args()")
-    return RequestGrammar(tag_json=tag_json, digest=digest)
+    whole = _grammar_text(extra_args, XARGS_TAG, XARGS_DIGEST, verify)
+    if not any(key in extra_args for key in XARGS_KEYS[2:]):
+        return RequestGrammar(whole.tag_json, whole.digest)
+    return RequestGrammar(whole.tag_json, whole.digest,
+                          catalog=_grammar_text(extra_args, XARGS_CATALOG, XARGS_CATALOG_DIGEST, verify),
+                          envelope=_grammar_text(extra_args, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST, verify))
 
+
+def _grammar_text(extra_args: Mapping[str, Any], tag_key: str, digest_key: str, verify: bool) -> GrammarText:
+    tag_json, digest = extra_args.get(tag_key), extra_args.get(digest_key)
+    if not isinstance(tag_json, str) or not tag_json:
+        raise ConstraintArgsError(f"extra_args.{tag_key} must be the structural tag's JSON text")
+    if not isinstance(digest, str) or len(digest) != 64 or (verify and digest != _sha256(tag_json)):
+        raise ConstraintArgsError(f"extra_args.{digest_key} must be the sha256 of "
+                                  f"extra_args.{tag_key}; build both with constraint_extra_args()")
+    return GrammarText(tag_json=tag_json, digest=digest)
 
 
 

@@ -1,0 +1,194 @@
+"""The split grammar (catalog AND envelope) admits exactly what the turn's own grammar admits.
+
+Random catalogs (names that are prefixes of each other, strict and loose schemas), random subsets,
+modes and ``parallel_tool_calls``, for a JSON-argument format (hermes), an XML-argument format
+(qwen3_coder), a JSON-array format (mistral) and an xgrammar builtin (llama3_json). Each example
+decodes one answer through :class:`MaskedBatch` with two rows fed the same tokens: row 0 carries
+the whole grammar, row 1 the split one; at every step both rows must mask the same tokens. Tokens
+are drawn from the allowed ones with a bias towards markup, so answers reach names and arguments.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("xgrammar")
+torch = pytest.importorskip("torch")
+
+from vllm_allowed_tools.decode.grammar import AllowedFunction, turn_tag  # noqa: E402
+from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch  # noqa: E402
+from vllm_allowed_tools.decode.split import split_for_request, split_tags  # noqa: E402
+from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args  # noqa: E402
+
+NAMES = ["get", "get_user", "get_users", "set", "search", "search_web", "run", "read", "read_file"]
+PIECES = ["<tool_call>", "</tool_call>", "<tool_call>\n", '{"', '"}', '": ', '", "', '"name"', "name",
+          '"arguments"', "arguments", "<function=", "<parameter=", "</parameter>", "</function>",
+          "[TOOL_CALLS]", '[{"', "true", "false", "null", "path", "mode", "limit", "fast", "safe",
+          "src/main.py", "<|python_tag|>", '{"name": "', '"parameters"', "parameters", *NAMES]
+MARKUP = set('<>{}[]"=:,\n')
+
+
+def _vocabulary():
+    import xgrammar as xgr
+    vocab = list(dict.fromkeys([*string.printable, *PIECES]))
+    vocab.append("<|endoftext|>")
+    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, vocab_size=len(vocab),
+                             stop_token_ids=[len(vocab) - 1])
+    return info, vocab
+
+
+INFO, VOCAB = _vocabulary()
+GRAMMARS = CompiledGrammars(INFO, capacity=64, catalog_capacity=64)
+
+SCHEMA_PARTS = {
+    "path": {"type": "string"},
+    "mode": {"type": "string", "enum": ["fast", "safe"]},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 99},
+    "flag": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+}
+
+
+@st.composite
+def turns(draw, formats):
+    names = draw(st.lists(st.sampled_from(NAMES), min_size=2, max_size=6, unique=True))
+    catalog = []
+    for name in names:
+        keys = draw(st.lists(st.sampled_from(sorted(SCHEMA_PARTS)), min_size=1, max_size=3, unique=True))
+        parameters = {"type": "object", "properties": {key: SCHEMA_PARTS[key] for key in keys},
+                      "required": keys[:1], "additionalProperties": False}
+        catalog.append(AllowedFunction(name, parameters, draw(st.sampled_from([True, False, None]))))
+    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+    allowed = [function for function in catalog if function.name in chosen]
+    return {"format": draw(st.sampled_from(formats)), "catalog": catalog, "allowed": allowed,
+            "mode": draw(st.sampled_from(["auto", "required"])), "parallel": draw(st.booleans()),
+            "strict_level": draw(st.sampled_from([1, 2])), "rng": random.Random(draw(st.integers(0, 2**32)))}
+
+
+def _tags(turn):
+    common = dict(catalog_digest="catalog:" + repr([(f.name, f.parameters) for f in turn["catalog"]]),
+                  allowlist_digest="subset:" + ",".join(f.name for f in turn["allowed"]),
+                  mode=turn["mode"], parallel_tool_calls=turn["parallel"], max_whitespace=1)
+    whole = turn_tag(turn["format"], turn["allowed"], strict_level=turn["strict_level"], **common)
+    split = split_tags(turn["format"], turn["catalog"], turn["allowed"],
+                       strict_level=turn["strict_level"], **common)
+    if whole is None:
+        return None, split
+    # what the parser wrapper offers: the split of exactly this tag (where both strict levels build
+    # the same tag, the catalog of either level is as good: they differ only in tools not allowed)
+    offered = split_for_request(turn["format"], whole.json, turn["catalog"], turn["allowed"], **common)
+    assert (offered is None) == (split is None)
+    return whole, offered
+
+
+def _pick(rng: random.Random, allowed: list[int], step: int) -> int:
+    stop = len(VOCAB) - 1
+    if stop in allowed and (len(allowed) == 1 or rng.random() < step / 400):
+        return stop
+    candidates = [token for token in allowed if token != stop]
+    markup = [token for token in candidates if MARKUP & set(VOCAB[token]) or VOCAB[token] in NAMES]
+    if markup and rng.random() < 0.7:
+        return rng.choice(markup)
+    return rng.choice(candidates)
+
+
+def _decode_both(turn) -> int:
+    """Decode one answer with the whole grammar (row 0) and the split (row 1); returns the steps."""
+    whole, split = _tags(turn)
+    if whole is None:
+        assert split is None
+        return 0
+    assert split is not None
+    GRAMMARS.catalog(read_extra_args(constraint_extra_args(whole, split)).catalog)   # compiled now
+    batch = MaskedBatch(GRAMMARS, len(VOCAB), max_rows=2)
+    outputs: tuple[list[int], list[int]] = ([], [])
+    batch.add(0, read_extra_args(constraint_extra_args(whole)), outputs[0])
+    batch.add(1, read_extra_args(constraint_extra_args(whole, split)), outputs[1])
+    assert batch.rows[0].envelope is None and batch.rows[1].envelope is not None
+    rng = turn["rng"]
+    for step in range(120):
+        batch.sync()
+        assert not batch.rows[0].failed and not batch.rows[1].failed
+        if batch.rows[0].matcher.is_terminated():
+            assert batch.rows[1].matcher.is_terminated()
+            return step
+        logits = torch.zeros(2, len(VOCAB))
+        batch.apply(logits)
+        refused = torch.isinf(logits)
+        assert torch.equal(refused[0], refused[1]), \
+            f"masks differ after {[VOCAB[t] for t in outputs[0]]!r}"
+        allowed = torch.nonzero(~refused[0]).flatten().tolist()
+        assert allowed, "the grammar left no token"
+        token = _pick(rng, allowed, step)
+        outputs[0].append(token)
+        outputs[1].append(token)
+    return 120
+
+
+PROFILE = settings(derandomize=True, deadline=None, max_examples=40, database=None,
+                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@PROFILE
+@given(turns(["hermes"]))
+def test_hermes_split_masks_equal_the_subset_grammar(turn):
+    _decode_both(turn)
+
+
+@PROFILE
+@given(turns(["qwen3_coder"]))
+def test_xml_argument_split_masks_equal_the_subset_grammar(turn):
+    _decode_both(turn)
+
+
+@settings(PROFILE, max_examples=20)
+@given(turns(["mistral", "llama3_json", "longcat"]))
+def test_other_formats_split_masks_equal_the_subset_grammar(turn):
+    _decode_both(turn)
+
+
+def test_answers_reach_calls():
+    """The walk is biased enough to decode whole calls (else the properties would test little)."""
+    rng = random.Random(0)
+    catalog = [AllowedFunction(name, {"type": "object", "properties": {"path": {"type": "string"}},
+                                      "required": ["path"], "additionalProperties": False}, True)
+               for name in NAMES[:4]]
+    steps = _decode_both({"format": "hermes", "catalog": catalog, "allowed": catalog[1:3],
+                          "mode": "required", "parallel": False, "strict_level": 1, "rng": rng})
+    assert 5 < steps < 120
+
+
+def test_a_new_catalog_keeps_the_whole_grammar_until_compiled():
+    """The first request of a catalog is constrained by its own grammar while the catalog compiles
+    in the background; once compiled, the next request gets the catalog and its envelope."""
+    catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta", "gamma")]
+    common = dict(catalog_digest="a-new-catalog", allowlist_digest="beta", mode="auto",
+                  parallel_tool_calls=True)
+    whole = turn_tag("hermes", catalog[1:2], **common)
+    split = split_tags("hermes", catalog, catalog[1:2], **common)
+    grammars = CompiledGrammars(INFO)
+    grammar = read_extra_args(constraint_extra_args(whole, split))
+    _, envelope = grammars.matchers(grammar)
+    assert envelope is None
+    assert grammars.catalog(grammar.catalog) is not None        # waits for the background compile
+    _, envelope = grammars.matchers(grammar)
+    assert envelope is not None
+
+
+def test_a_catalog_that_does_not_hash_to_its_digest_is_never_used():
+    catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta")]
+    common = dict(catalog_digest="planted", allowlist_digest="alpha", mode="required",
+                  parallel_tool_calls=True)
+    whole = turn_tag("hermes", catalog[:1], **common)
+    split = split_tags("hermes", catalog, catalog[:1], **common)
+    args = constraint_extra_args(whole, split)
+    grammars = CompiledGrammars(INFO)
+    planted = read_extra_args({**args, "vllm_allowed_tools_catalog_tag": whole.json}, verify=False)
+    assert grammars.catalog(planted.catalog) is None
+    _, envelope = grammars.matchers(planted)
+    assert envelope is None
