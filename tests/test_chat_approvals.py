@@ -263,3 +263,15 @@ def test_the_middleware_hands_vllm_the_narrowed_allowlist(tmp_path, monkeypatch)
     assert forwarded["tools"] == TOOLS and forwarded["tool_choice"] == "auto"
     assert forwarded[ALLOWLIST_KEY]["allowed"] == [FREE]
     assert TEMPLATE_KWARG not in (forwarded.get("chat_template_kwargs") or {})
+
+
+def test_the_store_is_read_only_for_gated_tools_and_fails_closed(engine, monkeypatch):
+    from vllm_allowed_tools.approvals import GrantStoreUnavailable
+
+    def down(**_):
+        raise GrantStoreUnavailable("unreachable", store="test")
+
+    monkeypatch.setattr(engine.store, "find_grants", down)
+    assert _decide(engine, _body("auto", tools=[POOL_BY_NAME[FREE].chat_tool()])) == ChatApprovals()
+    with pytest.raises(GrantStoreUnavailable):
+        _decide(engine, _body("auto"))
