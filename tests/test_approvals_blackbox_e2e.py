@@ -705,7 +705,7 @@ def test_chat_forcing_a_gated_call_without_a_grant_is_a_400_before_generation(
     ids=["required", "allowed-tools"])
 def test_chat_forced_calls_go_to_the_tools_that_need_no_approval(server, tool_choice, stream):
     for seed in (1, 2, 3):
-        status, data = _chat(server, stream, tool_choice=tool_choice, seed=seed)
+        status, data = _chat(server, stream, tool_choice=tool_choice, seed=seed, max_tokens=150)
         assert status == 200, data
         assert _chat_calls(stream, data) == [FREE], data
 
@@ -733,7 +733,8 @@ def test_chat_releases_a_gated_call_under_a_live_session_grant(server, stream):
         auto_tokens[granted_session] = _prompt_tokens_of(stream, data)
     # with the grant the tool is admitted, without it removed: the prompt is the same
     assert auto_tokens[session] == auto_tokens["chat-other"]
-    status, data = _chat(server, stream, tool_choice=_NAMED_GATED, prompt_cache_key=session)
+    status, data = _chat(server, stream, tool_choice=_NAMED_GATED, prompt_cache_key=session,
+                         max_tokens=150)
     assert status == 200, data
     assert _chat_calls(stream, data) == [GATED]
     # another session or another API key holds no grant: refused before generation
