@@ -192,3 +192,35 @@ def test_a_catalog_that_does_not_hash_to_its_digest_is_never_used():
     assert grammars.catalog(planted.catalog) is None
     _, envelope = grammars.matchers(planted)
     assert envelope is None
+
+
+@pytest.mark.parametrize("parser", ["allowed_hermes", "allowed_qwen3_coder"])
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_the_parser_wrapper_hands_the_split_to_the_logits_processor(monkeypatch, parser, mode):
+    """On the logits-processor stage the wrapper sends the whole tag and its split: the catalog's
+    grammar names every tool of the catalog, the envelope only the allowed ones."""
+    from transformers import AutoTokenizer
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    from vllm_allowed_tools.decode.stage import STAGE_LOGITS_PROCESSOR
+    from vllm_allowed_tools.request.rewrite import rewrite_request
+    from vllm_allowed_tools.testing.calls import chat_selection
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+    from vllm_allowed_tools.vllm_glue import parsers
+    from vllm_allowed_tools.vllm_glue.plugin import register
+
+    register()
+    monkeypatch.setattr(parsers, "active_constraint_stage", lambda: STAGE_LOGITS_PROCESSOR)
+    names = sorted(POOL_BY_NAME)[:6]
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+            "tools": [POOL_BY_NAME[name].chat_tool() for name in names],
+            "tool_choice": chat_selection(mode, names[1:3])}
+    request = ChatCompletionRequest(**rewrite_request(body, "chat").body)
+    wrapper = ToolParserManager.get_tool_parser(parser)(
+        AutoTokenizer.from_pretrained(str(ensure_model("random"))))
+    grammar = read_extra_args(wrapper.adjust_request(request).vllm_xargs)
+    assert grammar.catalog is not None and grammar.envelope is not None
+    assert all(name in grammar.catalog.tag_json for name in names)
+    assert [name for name in names if name in grammar.envelope.tag_json] == names[1:3]

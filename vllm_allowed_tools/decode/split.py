@@ -34,6 +34,12 @@ class SplitTags:
     catalog: BuiltTag
     envelope: BuiltTag
 
+    def extra_args(self) -> dict[str, str]:
+        """The request arguments that carry the split (next to the whole tag's)."""
+        from .stage import XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST
+        return {XARGS_CATALOG: self.catalog.json, XARGS_CATALOG_DIGEST: self.catalog.digest,
+                XARGS_ENVELOPE: self.envelope.json, XARGS_ENVELOPE_DIGEST: self.envelope.digest}
+
 
 def split_tags(wire_format_name: str, catalog: Sequence[AllowedFunction],
                allowed: Sequence[AllowedFunction], *, catalog_digest: str, allowlist_digest: str,

@@ -92,11 +92,7 @@ def constraint_extra_args(tag: BuiltTag, split: SplitTags | None = None) -> dict
     """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
     logits-processor stage constrains the request with ``tag``; ``split`` (the same grammar as
     catalog + envelope, :func:`.split.split_tags`) spares a new subset the compile of ``tag``."""
-    args = {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest}
-    if split is not None:
-        args.update({XARGS_CATALOG: split.catalog.json, XARGS_CATALOG_DIGEST: split.catalog.digest,
-                     XARGS_ENVELOPE: split.envelope.json, XARGS_ENVELOPE_DIGEST: split.envelope.digest})
-    return args
+    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest, **(split.extra_args() if split else {})}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from vllm.tool_parsers import ToolParserManager
 
 from ..decode.stage import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
 from ..decode.grammar import AllowedFunction, BuiltTag, built, tag_digest, turn_tag
+from ..decode.split import split_for_request
 from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
@@ -106,7 +107,7 @@ class AllowedToolsMixin:
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
-            _hand_grammar_to_logits_processor(request)
+            _hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, policy)
         return request
 
     def _ensure_structural_tag(self, request, policy: WireAllowlist):
@@ -292,15 +293,16 @@ def _function_tools(request) -> list[Any]:
         return tools
 
 
+def _catalog_functions(request) -> list[AllowedFunction]:
+    """Every function of the request's catalog, in catalog order."""
+    functions = [getattr(tool, "function", None) or tool for tool in _function_tools(request)]
+    return [AllowedFunction(name=function.name, parameters=function.parameters,
+                            strict=getattr(function, "strict", None)) for function in functions]
+
+
 def _allowed_functions(request, policy: WireAllowlist) -> list[AllowedFunction]:
     """The allowed functions in catalog order."""
-    functions = []
-    for tool in _function_tools(request):
-        function = getattr(tool, "function", None) or tool
-        if function.name in policy.allowed:
-            functions.append(AllowedFunction(name=function.name, parameters=function.parameters,
-                                             strict=getattr(function, "strict", None)))
-    return functions
+    return [function for function in _catalog_functions(request) if function.name in policy.allowed]
 
 
 def _allowed_subset_tag(wire_format: str, request, policy: WireAllowlist, strict_level) -> BuiltTag | None:
@@ -312,9 +314,10 @@ def _allowed_subset_tag(wire_format: str, request, policy: WireAllowlist, strict
                     max_whitespace=_max_json_whitespace())
 
 
-def _hand_grammar_to_logits_processor(request) -> None:
+def _hand_grammar_to_logits_processor(request, wire_format: str, policy: WireAllowlist) -> None:
     """Move the grammar from vLLM's native structured outputs to our logits processor's request
-    arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one)."""
+    arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one),
+    with its split into catalog and envelope where it has one (decode/split.py)."""
     outputs = getattr(request, "structured_outputs", None)
     if outputs is None:
         return
@@ -327,8 +330,13 @@ def _hand_grammar_to_logits_processor(request) -> None:
         tag_json = built(StructuralTag(format=JSONSchemaFormat(json_schema=schema))).json
     else:
         return
-    request.vllm_xargs = {**(request.vllm_xargs or {}),
-                          XARGS_TAG: tag_json, XARGS_DIGEST: tag_digest(tag_json)}
+    split = split_for_request(wire_format, tag_json, _catalog_functions(request),
+                              _allowed_functions(request, policy), catalog_digest=policy.catalog_digest,
+                              allowlist_digest=policy.allowlist_digest, mode=policy.mode,  # type: ignore[arg-type]
+                              parallel_tool_calls=policy.parallel_tool_calls,
+                              max_whitespace=_max_json_whitespace()) if outputs.structural_tag else None
+    request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json, XARGS_DIGEST: tag_digest(tag_json),
+                          **(split.extra_args() if split is not None else {})}
     request.structured_outputs = None
 
 
