@@ -1,16 +1,21 @@
 """The constraint stage measured: grammar compile time, per-token mask cost, decode throughput.
 
-    python benchmarks/constraint_stage.py [--part compile|mask|decode|all] [--rounds 3]
+    python benchmarks/constraint_stage.py [--part compile|subset|mask|decode|all] [--rounds 3]
 
 * compile: building and compiling the allowed-subset structural tag (hermes) for catalogs of 8, 32
   and 128 tools (every tool allowed: the largest grammar a turn of that catalog needs), cold and
   through our caches (built-tag cache + compiled-grammar cache), with the tiny model's tokenizer
   (2K vocabulary) and a synthetic 150K-token vocabulary;
-* mask: per generated token, advancing the matcher and filling + applying the bitmask for one row,
-  over a whole tool-call answer, at both vocabulary sizes; xgrammar's published figure for JSON
-  grammars (tens of microseconds per token at a 128K vocabulary) is the anchor;
+* subset: what a first-seen allowed subset (2, 4, 8 of 32 and 128 tools) of a known catalog adds to
+  its request at both vocabulary sizes: its own grammar compiled without and with xgrammar's cache,
+  against the split (the catalog's grammar compiled once, the subset's envelope per subset);
+* mask: per generated token, advancing the matcher(s) and filling + applying the bitmask for one
+  row, over a whole tool-call answer, at both vocabulary sizes, whole grammar and split;
+  xgrammar's published figure for JSON grammars (tens of microseconds per token at a 128K
+  vocabulary) is the anchor;
 * decode: generated tokens per second with the offline ``LLM`` on the tiny tool-happy model:
-  unconstrained vs vLLM's native structural tag vs our logits-processor stage, auto and required,
+  unconstrained vs vLLM's native structural tag vs our logits-processor stage (whole grammar, and
+  split), auto and required,
   batch 1 and 16, interleaved over rounds so machine noise hits every variant alike (every request
   makes exactly ``--tokens`` tokens: ``ignore_eos``).
 
@@ -30,8 +35,6 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
-from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
 from vllm_allowed_tools.decode.grammar import (
     AllowedFunction,
     GrammarKey,
@@ -39,7 +42,11 @@ from vllm_allowed_tools.decode.grammar import (
     build_structural_tag,
     built,
     clear_tag_cache,
+    turn_tag,
 )
+from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
+from vllm_allowed_tools.decode.split import split_tags
+from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
 
 
 def rich_functions(count: int, seed: int = 0) -> list[AllowedFunction]:
@@ -163,6 +170,69 @@ def bench_compile(rounds: int) -> list[dict[str, Any]]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------ subset
+def bench_subset(rounds: int) -> list[dict[str, Any]]:
+    """What a first-seen allowed subset of a known catalog adds to its request, on each path.
+
+    * whole, no cache: the subset's own grammar built and compiled by a compiler without xgrammar's
+      cache (the logits-processor stage before the split, and the issue's figures);
+    * whole, xgrammar cache: the same through a compiler with xgrammar's cache on that has compiled
+      earlier subsets of the catalog (what vLLM's native stage has: its compiler's cache is on);
+    * split: the subset's envelope built and compiled, the catalog's grammar already compiled (the
+      first request of a catalog pays ``catalog_compile_ms`` once, in the engine's background).
+
+    Every sample is a subset never seen before (new allowlist digest), timed from the turn's
+    functions to the row's matchers, the admission digest check included."""
+    import xgrammar as xgr
+    rng = random.Random(21)
+    rows = []
+    for vocab_name, info in (("2K (tiny)", tiny_tokenizer_info()[0]),
+                             ("150K (synthetic)", synthetic_tokenizer_info()[0])):
+        for count in (32, 128):
+            catalog = rich_functions(count, seed=count)
+            cold = xgr.GrammarCompiler(info, max_threads=8, cache_enabled=False)
+            native = xgr.GrammarCompiler(info, max_threads=8, cache_enabled=True)
+            grammars = CompiledGrammars(info)
+            started = time.perf_counter()
+            grammars.catalog(_first_seen(catalog, catalog[:1], "warm-up").catalog)
+            catalog_s = time.perf_counter() - started
+            for allowed_count in (2, 4, 8):
+                samples: dict[str, list[float]] = {"whole, no cache": [], "whole, xgrammar cache": [],
+                                                   "split": []}
+                for sample in range(max(3, rounds)):
+                    allowed = sorted(rng.sample(catalog, allowed_count), key=catalog.index)
+                    for path, values in samples.items():
+                        start = time.perf_counter()
+                        grammar = _first_seen(catalog, allowed, f"{count}-{allowed_count}-{sample}-{path}",
+                                              split=path == "split")
+                        if path == "split":
+                            assert grammars.matchers(grammar)[1] is not None
+                        else:
+                            compiler = cold if path == "whole, no cache" else native
+                            xgr.GrammarMatcher(compiler.compile_structural_tag(grammar.tag_json))
+                        values.append(time.perf_counter() - start)
+                rows.append({"vocab": vocab_name, "tools": count, "allowed": allowed_count,
+                             **{f"{path} ms": _median_p90(values) for path, values in samples.items()},
+                             "no cache / split": statistics.median(samples["whole, no cache"])
+                             / statistics.median(samples["split"]),
+                             "catalog compile ms": catalog_s * 1e3})
+    return rows
+
+
+def _first_seen(catalog, allowed, allowlist_digest: str, split: bool = True):
+    """The request's grammar for a subset whose tags were never built (a new allowlist digest)."""
+    common = dict(catalog_digest=f"catalog-{len(catalog)}", allowlist_digest=allowlist_digest,
+                  mode="auto", parallel_tool_calls=True)
+    tag = turn_tag("hermes", allowed, **common)
+    halves = split_tags("hermes", catalog, allowed, **common) if split else None
+    return read_extra_args(constraint_extra_args(tag, halves))
+
+
+def _median_p90(values: list[float], scale: float = 1e3) -> str:
+    ordered = sorted(values)
+    return f"{statistics.median(ordered) * scale:.1f} / {ordered[int(len(ordered) * 0.9)] * scale:.1f}"
+
+
 # ------------------------------------------------------------------------------------------ mask
 def _answer(functions: list[AllowedFunction], rng: random.Random) -> str:
     function = functions[0]
@@ -177,11 +247,13 @@ def _answer(functions: list[AllowedFunction], rng: random.Random) -> str:
 
 
 def bench_mask(rounds: int) -> list[dict[str, Any]]:
+    """Per generated token, one row, 4 of a 32-tool catalog allowed: the subset's own grammar
+    (whole) and the catalog's grammar AND the envelope's (split), interleaved."""
     import torch
     tiny, tokenizer = tiny_tokenizer_info()
     large, index = synthetic_tokenizer_info()
-    functions = rich_functions(32)
-    text = _answer(functions, random.Random(0))
+    catalog = rich_functions(32)
+    text = _answer(catalog, random.Random(0))
     rows = []
     for vocab_name, info, encode in (
             ("2K (tiny)", tiny, lambda t: tokenizer.encode(t, add_special_tokens=False)),
@@ -190,23 +262,17 @@ def bench_mask(rounds: int) -> list[dict[str, Any]]:
         grammars = CompiledGrammars(info)
         for mode in ("auto", "required"):
             answer = tokens if mode == "auto" else encode(text.split("\n", 1)[1])
-            tag = built(build_structural_tag("hermes", functions, mode))
+            common = dict(catalog_digest="catalog-32", allowlist_digest="first-4", mode=mode,
+                          parallel_tool_calls=True)
+            tag = turn_tag("hermes", catalog[:4], **common)
             grammar = read_extra_args(constraint_extra_args(tag))
-            per_token = []
+            split = read_extra_args(constraint_extra_args(tag, split_tags("hermes", catalog, catalog[:4],
+                                                                          **common)))
+            grammars.catalog(split.catalog)
+            per_token: dict[str, list[float]] = {"whole": [], "split": []}
             for _ in range(rounds * 5):
-                output: list[int] = []
-                batch = MaskedBatch(grammars, info.vocab_size, max_rows=1)
-                batch.add(0, grammar, output, list(info.stop_token_ids))
-                logits = torch.zeros(1, info.vocab_size)
-                for token in answer:
-                    start = time.perf_counter()
-                    batch.sync()
-                    batch.apply(logits)
-                    per_token.append(time.perf_counter() - start)
-                    output.append(token)
-                batch.sync()
-                assert not batch.rows[0].failed, "the benchmark answer must be admissible"
-            per_token.sort()
+                for name, request in (("whole", grammar), ("split", split)):
+                    per_token[name] += _answer_step_times(grammars, request, answer, info)
             plain = MaskedBatch(grammars, info.vocab_size, max_rows=16)   # 16 rows, none constrained
             for row in range(16):
                 plain.add(row, None, [], [])
@@ -216,11 +282,31 @@ def bench_mask(rounds: int) -> list[dict[str, Any]]:
                 plain.sync()
                 plain.apply(plain_logits)
             rows.append({"vocab": vocab_name, "mode": mode, "tokens": len(answer),
-                         "per_token_us": statistics.median(per_token) * 1e6,
-                         "p90_us": per_token[int(len(per_token) * 0.9)] * 1e6,
+                         **{f"{name} per token us": _median_p90(values, scale=1e6)
+                            for name, values in per_token.items()},
                          "plain_batch16_step_us": _timed(plain_step, 500) * 1e6,
                          **_apply_kernels(grammars, grammar, info.vocab_size)})
     return rows
+
+
+def _answer_step_times(grammars: CompiledGrammars, grammar, answer: list[int], info) -> list[float]:
+    """Each step's sync + mask over one whole answer, one row."""
+    import torch
+    output: list[int] = []
+    batch = MaskedBatch(grammars, info.vocab_size, max_rows=1)
+    batch.add(0, grammar, output, list(info.stop_token_ids))
+    assert (batch.rows[0].envelope is not None) == (grammar.catalog is not None)
+    logits = torch.zeros(1, info.vocab_size)
+    times = []
+    for token in answer:
+        start = time.perf_counter()
+        batch.sync()
+        batch.apply(logits)
+        times.append(time.perf_counter() - start)
+        output.append(token)
+    batch.sync()
+    assert not batch.rows[0].failed, "the benchmark answer must be admissible"
+    return times
 
 
 def _apply_kernels(grammars: CompiledGrammars, grammar, vocab: int) -> dict[str, float]:
@@ -262,7 +348,7 @@ def bench_decode(rounds: int, tokens: int) -> list[dict[str, Any]]:
               block_size=32, max_num_seqs=32, enable_chunked_prefill=False,
               max_num_batched_tokens=MAX_MODEL_LEN, enable_prefix_caching=False,
               structured_outputs_config={"backend": "xgrammar"})
-    tags: dict[tuple[int, str], tuple[str, Any]] = {}
+    tags: dict[tuple[int, str], tuple[str, Any, Any]] = {}
     subsets: dict[int, set[str]] = {}
     for index in range(16):
         catalog = sample_catalog(rng, 8)
@@ -273,14 +359,18 @@ def bench_decode(rounds: int, tokens: int) -> list[dict[str, Any]]:
                 tools=[tool.chat_tool() for tool in catalog], tokenize=False, add_generation_prompt=True,
                 chat_template=template,
                 allowed_tools_policy={"mode": mode, "names": sorted(allowed)})
-            functions = [AllowedFunction(t.name, t.parameters, True) for t in catalog if t.name in allowed]
-            tags[(index, mode)] = (prompt, built(build_structural_tag("hermes", functions, mode,
-                                                                      max_whitespace=1)))
+            everything = [AllowedFunction(t.name, t.parameters, True) for t in catalog]
+            functions = [function for function in everything if function.name in allowed]
+            common = dict(catalog_digest=f"catalog-{index}", allowlist_digest=f"subset-{index}",
+                          mode=mode, parallel_tool_calls=True, max_whitespace=1)
+            tags[(index, mode)] = (prompt, turn_tag("hermes", functions, **common),
+                                   split_tags("hermes", everything, functions, **common))
             subsets[index] = set(allowed)
-    variants = {
-        "unconstrained": lambda tag: {},
-        "native": lambda tag: {"structured_outputs": StructuredOutputsParams(structural_tag=tag.json)},
-        "logits-processor": lambda tag: {"extra_args": constraint_extra_args(tag)},
+    variants = {   # the split's catalogs are compiled in the engine's background in the warm-up round
+        "unconstrained": lambda tag, split: {},
+        "native": lambda tag, split: {"structured_outputs": StructuredOutputsParams(structural_tag=tag.json)},
+        "logits-processor": lambda tag, split: {"extra_args": constraint_extra_args(tag)},
+        "logits-processor split": lambda tag, split: {"extra_args": constraint_extra_args(tag, split)},
     }
     timings: dict[tuple[str, str, int], list[float]] = {}
     compliance: dict[tuple[str, str, int], list[bool]] = {}
@@ -290,9 +380,10 @@ def bench_decode(rounds: int, tokens: int) -> list[dict[str, Any]]:
                 for name, extra in variants.items():
                     chosen = [tags[(i, mode)] for i in range(batch)]
                     params = [SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0,
-                                             seed=i, **extra(tag)) for i, (_, tag) in enumerate(chosen)]
+                                             seed=i, **extra(tag, split))
+                              for i, (_, tag, split) in enumerate(chosen)]
                     start = time.perf_counter()
-                    outputs = llm.generate([prompt for prompt, _ in chosen], params, use_tqdm=False)
+                    outputs = llm.generate([prompt for prompt, _, _ in chosen], params, use_tqdm=False)
                     elapsed = time.perf_counter() - start
                     made = sum(len(output.outputs[0].token_ids) for output in outputs)
                     timings.setdefault((mode, name, batch), []).append(made / elapsed)
@@ -342,12 +433,15 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["compile", "mask", "decode", "all"], default="all")
+    parser.add_argument("--part", choices=["compile", "subset", "mask", "decode", "all"], default="all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     if args.part in ("compile", "all"):
         _print("structural-tag compile (hermes, every tool allowed)", bench_compile(args.rounds))
+    if args.part in ("subset", "all"):
+        _print("first-seen allowed subset of a known catalog: added latency, median / p90 (hermes)",
+               bench_subset(args.rounds))
     if args.part in ("mask", "all"):
         _print("per-token mask cost, one row (matcher advance + bitmask fill + apply)",
                bench_mask(args.rounds))

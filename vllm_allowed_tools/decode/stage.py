@@ -58,7 +58,8 @@ def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, o
 
     ``auto`` (the default) takes the logits-processor stage where the native path cannot serve (a
     backend that cannot compile structural tags) or where ``benchmarks/constraint_stage.py``
-    measured it faster (on CPU: ahead at batch 1, level at batch 16), and vLLM's native path
+    measured it faster (on CPU: ahead at batch 1, level at batch 16, and a new allowed subset of a
+    known catalog compiles only its envelope there: docs/decode-path.md), and vLLM's native path
     everywhere else (GPUs: not measured here; the native path also works with speculative decoding
     and Model Runner V2). ``logits_processor_blocked`` says why vLLM would not run the processor
     (None: it would). Raises CapabilityError when the choice cannot enforce the allowlist."""
