@@ -67,13 +67,15 @@ def turns(draw, formats):
     allowed = [function for function in catalog if function.name in chosen]
     return {"format": draw(st.sampled_from(formats)), "catalog": catalog, "allowed": allowed,
             "mode": draw(st.sampled_from(["auto", "required"])), "parallel": draw(st.booleans()),
-            "strict_level": draw(st.sampled_from([1, 2])), "rng": random.Random(draw(st.integers(0, 2**32)))}
+            "strict_level": draw(st.sampled_from([1, 2])), "whitespace": draw(st.sampled_from([1, 2, None])),
+            "rng": random.Random(draw(st.integers(0, 2**32)))}
 
 
 def _tags(turn):
     common = dict(catalog_digest="catalog:" + repr([(f.name, f.parameters) for f in turn["catalog"]]),
                   allowlist_digest="subset:" + ",".join(f.name for f in turn["allowed"]),
-                  mode=turn["mode"], parallel_tool_calls=turn["parallel"], max_whitespace=1)
+                  mode=turn["mode"], parallel_tool_calls=turn["parallel"],
+                  max_whitespace=turn.get("whitespace", 1))
     whole = turn_tag(turn["format"], turn["allowed"], strict_level=turn["strict_level"], **common)
     split = split_tags(turn["format"], turn["catalog"], turn["allowed"],
                        strict_level=turn["strict_level"], **common)
