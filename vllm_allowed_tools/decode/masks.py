@@ -1,5 +1,6 @@
 """The logits-processor stage's core, without vLLM: compiled structural tags cached per tokenizer,
-and one xgrammar matcher per constrained batch row masking that row's logits.
+and one xgrammar matcher per constrained batch row masking that row's logits (two for a split
+grammar, the catalog's and the envelope's, their masks ANDed: :mod:`.split`).
 
 The vLLM adapter (``vllm_glue/logits_processor.py``) only translates vLLM's batch updates into
 :meth:`MaskedBatch.add`, :meth:`~MaskedBatch.remove` and :meth:`~MaskedBatch.move`."""
