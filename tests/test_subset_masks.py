@@ -226,3 +226,14 @@ def test_the_parser_wrapper_hands_the_split_to_the_logits_processor(monkeypatch,
     assert grammar.catalog is not None and grammar.envelope is not None
     assert all(name in grammar.catalog.tag_json for name in names)
     assert [name for name in names if name in grammar.envelope.tag_json] == names[1:3]
+
+
+def test_no_split_without_an_allowed_tool_or_for_another_tag():
+    catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta")]
+    common = dict(catalog_digest="c", allowlist_digest="a", mode="auto", parallel_tool_calls=True)
+    whole = turn_tag("hermes", catalog[:1], **common)
+    assert split_for_request("hermes", whole.json, catalog, [], **common) is None
+    other = turn_tag("hermes", catalog[1:], **{**common, "allowlist_digest": "b"})
+    assert split_for_request("hermes", other.json, catalog, catalog[:1], **common) is None
+    assert split_for_request("hermes", "not json", catalog, catalog[:1], **common) is None
+    assert split_for_request("hermes", whole.json, catalog, catalog[:1], **common) is not None

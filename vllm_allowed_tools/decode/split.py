@@ -75,6 +75,8 @@ def split_for_request(wire_format_name: str, enforced_tag_json: str, catalog: Se
     """The split of the tag a request is already constrained with, or None: it is only offered when
     that tag is exactly the one :func:`.grammar.turn_tag` builds for this turn (at either strict
     level), so the split can never admit something the request's own grammar would not."""
+    if not allowed:   # no allowlist grammar (an auto turn whose every tool needs approval)
+        return None
     try:
         enforced = json.loads(enforced_tag_json)
     except ValueError:
