@@ -11,11 +11,14 @@ logits-processor stage uses it, and why only there: docs/decode-path.md. No vLLM
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..formats import wire_format
 from .grammar import STRICT_FUNCTION, STRICT_PARAMETER, AllowedFunction, BuiltTag, Mode, turn_tag
+
+logger = logging.getLogger(__name__)
 
 #: grammar kinds whose language is "calls, each an allowed name with that tool's arguments", so the
 #: catalog grammar intersected with the envelope is the subset's grammar (``code`` builders are
@@ -87,8 +90,13 @@ def split_for_request(wire_format_name: str, enforced_tag_json: str, catalog: Se
                        parallel_tool_calls=parallel_tool_calls, strict_level=level,
                        max_whitespace=max_whitespace)
         if own is not None and json.loads(own.json) == enforced:
-            return split_tags(wire_format_name, catalog, allowed, catalog_digest=catalog_digest,
-                              allowlist_digest=allowlist_digest, mode=mode,
-                              parallel_tool_calls=parallel_tool_calls, strict_level=level,
-                              max_whitespace=max_whitespace)
+            try:   # a tool outside the subset may have a schema the builder refuses
+                return split_tags(wire_format_name, catalog, allowed, catalog_digest=catalog_digest,
+                                  allowlist_digest=allowlist_digest, mode=mode,
+                                  parallel_tool_calls=parallel_tool_calls, strict_level=level,
+                                  max_whitespace=max_whitespace)
+            except Exception:   # the request keeps its own grammar, which enforces the same
+                logger.warning("vllm-allowed-tools: no catalog grammar for this catalog; its turns "
+                               "compile their own grammars", exc_info=True)
+                return None
     return None
