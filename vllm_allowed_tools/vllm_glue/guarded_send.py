@@ -1,7 +1,7 @@
 """The response side of the middleware: an ASGI ``send`` that lets no unjudged tool call out.
 
-While a policy applies, every 2xx answer is guarded (a JSON body as a whole, an event stream event
-by event); one it cannot read is refused like a call outside the policy. The rules:
+While an allowlist or a catalog applies, every 2xx answer is guarded (a JSON body as a whole, an
+event stream event by event); one it cannot read is refused like a call outside the allowlist. The rules:
 ``docs/response-path.md``.
 """
 
@@ -110,12 +110,12 @@ class GuardedSend:
     tool_choice restored in every response object. Non-2xx answers pass as they are: they are
     vLLM's own error bodies, which never carry a tool call."""
 
-    def __init__(self, send: Send, api: Api, policy: Any, echo: tuple[bool, Any], stop: StopSignal,
+    def __init__(self, send: Send, api: Api, call_filter: Any, echo: tuple[bool, Any], stop: StopSignal,
                  spec_version: tuple[int, ...], approvals: Any = None) -> None:
         self._approvals = approvals
         self._send = send
         self._api = api
-        self._policy = policy
+        self._call_filter = call_filter
         self._restore, self._original = echo
         self._stop = stop
         self._spec_version = spec_version
@@ -153,8 +153,8 @@ class GuardedSend:
         """Choose how the answer is guarded; whether its start goes out now."""
         status = start.get("status")
         media, encoded = _media_type(start.get("headers"))
-        if self._policy is None or not (isinstance(status, int) and 200 <= status < 300):
-            self._mode = "raw"   # no policy, or vLLM's own error body: no tool calls in it
+        if self._call_filter is None or not (isinstance(status, int) and 200 <= status < 300):
+            self._mode = "raw"   # nothing to judge by, or vLLM's own error body: no tool calls in it
             return True
         if encoded or media not in ("application/json", "text/event-stream"):
             self._mode = "unreadable"   # refused at the first body
@@ -166,7 +166,7 @@ class GuardedSend:
             return False
         self._mode = "sse"
         self._guard = GuardedSSE(self._responses_stream() if self._api == "responses"
-                                 else ChatStreamGuard(self._policy))
+                                 else ChatStreamGuard(self._call_filter))
         return True
 
     def _responses_stream(self) -> ResponsesStream:
@@ -174,7 +174,7 @@ class GuardedSend:
         original = self._original
         stream = ResponsesStream(restore=(lambda response: restore_echo(response, original))
                                  if self._restore else None)
-        ResponsesStreamGuard(self._policy, stream=stream)
+        ResponsesStreamGuard(self._call_filter, stream=stream)
         if self._approvals is not None:
             ApprovalStream(self._approvals, stream=stream)
         return stream
@@ -210,9 +210,9 @@ class GuardedSend:
     async def _judged_body(self, data: dict[str, Any]) -> bytes:
         """The unary body to send: checked, gated calls turned into elicitations, echo restored."""
         if self._api == "responses":
-            check_responses_object(data, self._policy)
+            check_responses_object(data, self._call_filter)
         else:
-            check_chat_completion(data, self._policy)
+            check_chat_completion(data, self._call_filter)
         if self._approvals is not None:
             calls = [item for item in data.get("output") or ()
                      if isinstance(item, dict) and item.get("type") == "function_call"]

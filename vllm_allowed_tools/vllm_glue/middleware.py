@@ -122,7 +122,7 @@ class AllowedToolsMiddleware:
                 and rewritten.allowlist.has_allowlist:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
-        policy = _output_policy(rewritten, data, api)
+        call_filter = _output_filter(rewritten, data, api)
         approvals = None
         if self.approvals is not None:
             prepared = await self._prepare_approvals(scope, send, data, rewritten, api, render)
@@ -130,7 +130,7 @@ class AllowedToolsMiddleware:
                 return   # answered already
             rewritten, approvals = prepared
             if isinstance(approvals, ChatApprovals):   # decided already: the guard is the backstop
-                policy = approvals.call_filter(policy) if policy is not None else None
+                call_filter = approvals.call_filter(call_filter) if call_filter is not None else None
                 approvals = None
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
@@ -139,7 +139,7 @@ class AllowedToolsMiddleware:
         allowlist = rewritten.allowlist is not None and rewritten.allowlist.has_allowlist
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
-        send = GuardedSend(send, api, policy, (api == "responses" and allowlist,
+        send = GuardedSend(send, api, call_filter, (api == "responses" and allowlist,
                                                rewritten.original_tool_choice), stop, spec, approvals)
         await self.app(scope, stop.receive(body, receive), send)
 
@@ -216,7 +216,7 @@ async def _send_direct(send: Send, body: dict, output: list[dict], original_tool
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-def _output_policy(rewritten: Any, body: dict, api: Api) -> Any:
+def _output_filter(rewritten: Any, body: dict, api: Api) -> Any:
     """What the guard checks calls against: the allowlist when the turn has one, else the catalog
     (a call to a name the request never offered is refused in every mode); None without tools."""
     if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:

@@ -55,7 +55,7 @@ def call_start(text: str, triggers: Sequence[str]) -> int | None:
 
 
 def request_allowlist(request: Any) -> WireAllowlist | None:
-    """The turn's policy, as the middleware attached it (None: a plain request)."""
+    """The turn's allowlist, as the middleware attached it (None: a plain request)."""
     extra = getattr(request, "model_extra", None) or {}
     return WireAllowlist.from_wire(extra.get(ALLOWLIST_KEY))
 
@@ -65,9 +65,9 @@ def _tool_name(tool: Any) -> str | None:
     return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
 
 
-def _narrowed(request, policy: WireAllowlist):
+def _narrowed(request, allowlist: WireAllowlist):
     """A deep copy of `request` whose tools are only the allowed ones (namespaces flattened)."""
-    allowed = [tool for tool in _function_tools(request) if _tool_name(tool) in policy.allowed]
+    allowed = [tool for tool in _function_tools(request) if _tool_name(tool) in allowlist.allowed]
     return request.model_copy(update={"tools": allowed}, deep=True)
 
 
@@ -79,38 +79,38 @@ class AllowedToolsMixin:
     # ---------------------------------------------------------------- grammar
     def get_structural_tag(self, request, *, reasoning: bool = False,
                            strict_level: ToolStrictLevel = ToolStrictLevel.AUTO):
-        policy = request_allowlist(request)
-        if policy is None:
+        allowlist = request_allowlist(request)
+        if allowlist is None:
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
-        if self.structural_tag_model is None or not policy.allowed:
+        if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
-        subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, policy,
+        subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                          max(strict_level, ToolStrictLevel.FUNCTION))
         return subset_tag.tag if subset_tag is not None else None
 
     def adjust_request(self, request):
-        policy = request_allowlist(request)
-        if policy is None:
+        allowlist = request_allowlist(request)
+        if allowlist is None:
             return super().adjust_request(request)
         # The base parser, run on a copy that holds only the allowed tools, gives its own grammar
         # for the subset (JSON-schema parsers) and its other side effects (e.g. keeping special
         # tokens such as [TOOL_CALLS] in the output); the catalog-wide grammar is never taken.
-        probe = super().adjust_request(_narrowed(request, policy))
+        probe = super().adjust_request(_narrowed(request, allowlist))
         # an auto turn with nothing callable (every tool needs approval) gets no grammar: free
         # text, and every call parsed from it is dropped below
-        if self.structural_tag_model is not None and policy.allowed:
-            request = self._ensure_structural_tag(request, policy)
-        elif policy.mode == "required":
+        if self.structural_tag_model is not None and allowlist.allowed:
+            request = self._ensure_structural_tag(request, allowlist)
+        elif allowlist.mode == "required":
             for field_name in ("structured_outputs", "response_format", "text"):
                 if hasattr(request, field_name):
                     setattr(request, field_name, getattr(probe, field_name))
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
-            _hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, policy)
+            _hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
         return request
 
-    def _ensure_structural_tag(self, request, policy: WireAllowlist):
+    def _ensure_structural_tag(self, request, allowlist: WireAllowlist):
         from vllm import envs
         if not envs.VLLM_ENFORCE_STRICT_TOOL_CALLING:
             raise CapabilityError(
@@ -130,7 +130,7 @@ class AllowedToolsMixin:
             raise CapabilityError(
                 f"the {self.allowed_tools_base_parser!r} parser produced no structural tag for the "
                 "allowed subset", capability="structural_tag", status=500)
-        if not policy.parallel_tool_calls:
+        if not allowlist.parallel_tool_calls:
             limit_to_single_tool_call(tag)
         request.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
         if hasattr(request, "response_format"):
@@ -143,16 +143,16 @@ class AllowedToolsMixin:
     def _call_triggers(self) -> tuple[str, ...]:
         return wire_format(self.allowed_tools_base_parser).call_triggers
 
-    def _all_call(self, policy: WireAllowlist) -> bool:
+    def _all_call(self, allowlist: WireAllowlist) -> bool:
         """The whole output is call (required mode of a bare-JSON-array format)."""
-        return policy.mode == "required" and \
+        return allowlist.mode == "required" and \
             wire_format(self.allowed_tools_base_parser).required_output_is_all_call
 
-    def _text_before_calls(self, content: str | None, raw: str, policy: WireAllowlist) -> str | None:
+    def _text_before_calls(self, content: str | None, raw: str, allowlist: WireAllowlist) -> str | None:
         """The ``content`` the base parser made of ``raw``, without anything from the first call
         start in ``raw`` on: only what both say comes before it (base parsers may drop a marker
         token and hand the rest of a cut-off call out as text). None when nothing is left."""
-        if not content or self._all_call(policy):
+        if not content or self._all_call(allowlist):
             return None
         start = call_start(raw, self._call_triggers())
         if start is not None:
@@ -160,7 +160,7 @@ class AllowedToolsMixin:
         return content if content.strip() else None
 
     def _parse_without_markup(self, model_output: str, request,
-                              policy: WireAllowlist) -> ExtractedToolCallInformation:
+                              allowlist: WireAllowlist) -> ExtractedToolCallInformation:
         """The base parse with no call markup in its text. When no call parsed but one started (a
         call cut off by the token limit), the calls before the last start are parsed on their own,
         so complete calls survive a cut-off one after them.
@@ -178,8 +178,8 @@ class AllowedToolsMixin:
                 earlier = super().extract_tool_calls(model_output[:last], request)
                 if earlier.tools_called:
                     info = earlier
-        content = self._text_before_calls(info.content, model_output, policy)
-        markup = bool(model_output.strip()) if self._all_call(policy) else \
+        content = self._text_before_calls(info.content, model_output, allowlist)
+        markup = bool(model_output.strip()) if self._all_call(allowlist) else \
             call_start(model_output, self._call_triggers()) is not None
         tools_called = info.tools_called or markup
         if content == info.content and tools_called == info.tools_called:
@@ -188,7 +188,7 @@ class AllowedToolsMixin:
                                             content=content)
 
     def _stream_text(self, delta: DeltaMessage | None, current_text: str,
-                     policy: WireAllowlist) -> DeltaMessage | None:
+                     allowlist: WireAllowlist) -> DeltaMessage | None:
         """Streaming twin of :meth:`_text_before_calls`: the content the base parser releases is
         forwarded only while it comes before the first call start in the text so far (a trailing
         piece of a trigger waits for more text)."""
@@ -197,7 +197,7 @@ class AllowedToolsMixin:
         state = self.__dict__.setdefault("_allowed_tools_text", {"seen": "", "sent": 0})
         state["seen"] += delta.content
         seen = state["seen"]
-        if self._all_call(policy):
+        if self._all_call(allowlist):
             limit = 0
         else:
             start = call_start(current_text, self._call_triggers())
@@ -212,18 +212,18 @@ class AllowedToolsMixin:
 
     # ---------------------------------------------------------------- output filtering
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
-        policy = request_allowlist(request)
-        if policy is None:
+        allowlist = request_allowlist(request)
+        if allowlist is None:
             return super().extract_tool_calls(model_output, request)
-        info = self._parse_without_markup(model_output, request, policy)
+        info = self._parse_without_markup(model_output, request, allowlist)
         if not info.tool_calls:
             return info
-        kept = [call for call in info.tool_calls if policy.is_allowed(call.function.name)]
+        kept = [call for call in info.tool_calls if allowlist.is_allowed(call.function.name)]
         dropped = [call.function.name for call in info.tool_calls if call not in kept]
         if dropped:
             record_violation("parser")
             logger.warning("vllm-allowed-tools: dropped calls outside the allowlist: %s", dropped)
-        if not policy.parallel_tool_calls:
+        if not allowlist.parallel_tool_calls:
             kept = kept[:1]
         # tools_called stays True with every call refused: the text is then what came before the
         # calls, never the refused calls' markup (see _parse_without_markup)
@@ -235,11 +235,11 @@ class AllowedToolsMixin:
         delta = super().extract_tool_calls_streaming(previous_text, current_text, delta_text,
                                                      previous_token_ids, current_token_ids,
                                                      delta_token_ids, request)
-        policy = request_allowlist(request)
-        if policy is None:
+        allowlist = request_allowlist(request)
+        if allowlist is None:
             return delta
-        self.__dict__["_allowed_tools_last"] = (policy, current_text)
-        return self._filter_stream(delta, current_text, policy)
+        self.__dict__["_allowed_tools_last"] = (allowlist, current_text)
+        return self._filter_stream(delta, current_text, allowlist)
 
     def finish_streaming(self) -> DeltaMessage | None:
         """The end of a stream: engine-based base parsers (vLLM's qwen3) flush what they still
@@ -251,12 +251,12 @@ class AllowedToolsMixin:
         last = self.__dict__.get("_allowed_tools_last")
         if last is None:
             return delta
-        policy, current_text = last
-        return self._filter_stream(delta, current_text, policy, final=True)
+        allowlist, current_text = last
+        return self._filter_stream(delta, current_text, allowlist, final=True)
 
-    def _filter_stream(self, delta: DeltaMessage | None, current_text: str, policy: WireAllowlist,
+    def _filter_stream(self, delta: DeltaMessage | None, current_text: str, allowlist: WireAllowlist,
                        final: bool = False) -> DeltaMessage | None:
-        delta = self._stream_text(delta, current_text, policy)
+        delta = self._stream_text(delta, current_text, allowlist)
         if delta is None or not delta.tool_calls:
             return delta
         state = self.__dict__.setdefault("_allowed_tools_stream", {"verdict": {}, "renumber": {}})
@@ -265,13 +265,13 @@ class AllowedToolsMixin:
             name = tool_delta.function.name if tool_delta.function is not None else None
             verdict = state["verdict"].get(tool_delta.index)
             if verdict is None and name:
-                verdict = policy.is_allowed(name)
-                if verdict and not policy.parallel_tool_calls and state["renumber"]:
+                verdict = allowlist.is_allowed(name)
+                if verdict and not allowlist.parallel_tool_calls and state["renumber"]:
                     verdict = False   # a second call when only one is allowed
                 state["verdict"][tool_delta.index] = verdict
                 if verdict:
                     state["renumber"][tool_delta.index] = len(state["renumber"])
-                elif final and any(allowed.startswith(name) for allowed in policy.allowed):
+                elif final and any(allowed.startswith(name) for allowed in allowlist.allowed):
                     logger.info("vllm-allowed-tools: dropped a call cut off in its name (%r)", name)
                 else:
                     record_violation("parser")
@@ -300,21 +300,21 @@ def _catalog_functions(request) -> list[AllowedFunction]:
                             strict=getattr(function, "strict", None)) for function in functions]
 
 
-def _allowed_functions(request, policy: WireAllowlist) -> list[AllowedFunction]:
+def _allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunction]:
     """The allowed functions in catalog order."""
-    return [function for function in _catalog_functions(request) if function.name in policy.allowed]
+    return [function for function in _catalog_functions(request) if function.name in allowlist.allowed]
 
 
-def _allowed_subset_tag(wire_format: str, request, policy: WireAllowlist, strict_level) -> BuiltTag | None:
+def _allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
     """The cached tag for this turn (see grammar.turn_tag)."""
-    return turn_tag(wire_format, _allowed_functions(request, policy),
-                    catalog_digest=policy.catalog_digest, allowlist_digest=policy.allowlist_digest,
-                    mode=policy.mode,  # type: ignore[arg-type]
-                    parallel_tool_calls=policy.parallel_tool_calls, strict_level=int(strict_level),
+    return turn_tag(wire_format, _allowed_functions(request, allowlist),
+                    catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
+                    mode=allowlist.mode,  # type: ignore[arg-type]
+                    parallel_tool_calls=allowlist.parallel_tool_calls, strict_level=int(strict_level),
                     max_whitespace=_max_json_whitespace())
 
 
-def _hand_grammar_to_logits_processor(request, wire_format: str, policy: WireAllowlist) -> None:
+def _hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireAllowlist) -> None:
     """Move the grammar from vLLM's native structured outputs to our logits processor's request
     arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one),
     with its split into catalog and envelope where it has one (decode/split.py)."""
@@ -330,12 +330,14 @@ def _hand_grammar_to_logits_processor(request, wire_format: str, policy: WireAll
         tag_json = built(StructuralTag(format=JSONSchemaFormat(json_schema=schema))).json
     else:
         return
-    split = split_for_request(wire_format, tag_json, _catalog_functions(request),
-                              _allowed_functions(request, policy), catalog_digest=policy.catalog_digest,
-                              allowlist_digest=policy.allowlist_digest, mode=policy.mode,  # type: ignore[arg-type]
-                              parallel_tool_calls=policy.parallel_tool_calls,
-                              max_whitespace=_max_json_whitespace()) if outputs.structural_tag else None
-    request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json, XARGS_DIGEST: tag_digest(tag_json),
+    split = split_for_request(
+        wire_format, tag_json, _catalog_functions(request), _allowed_functions(request, allowlist),
+        catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
+        mode=allowlist.mode,  # type: ignore[arg-type]
+        parallel_tool_calls=allowlist.parallel_tool_calls,
+        max_whitespace=_max_json_whitespace()) if outputs.structural_tag else None
+    request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json,
+                          XARGS_DIGEST: tag_digest(tag_json),
                           **(split.extra_args() if split is not None else {})}
     request.structured_outputs = None
 
