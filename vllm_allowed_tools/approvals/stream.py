@@ -17,8 +17,9 @@ _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 class ApprovalStream:
     """Hold each function_call item's events until its ``output_item.done``, then pass it as is,
-    as an ``elicitation`` (added + done at the same output_index), or not at all; later output
-    indexes shift down past a withheld call (``docs/response-path.md``).
+    as an ``elicitation`` (added + done at one output_index), or not at all. The client's output
+    indexes are its own: dense, in the order items are sent, and the terminal snapshot lists the
+    items at those positions (``docs/response-path.md``).
 
     A decision may need the grant store: as a step (:meth:`process`) it asks for it as a request
     the driver answers off the event loop; :class:`GrantStoreUnavailable` thrown back ends the
@@ -33,7 +34,9 @@ class ApprovalStream:
         self._held: dict[int, list[dict[str, Any]]] = {}
         self._decisions: dict[str, dict[str, Any] | None] = {}
         self._passed: set[str] = set()          # call ids sent as they were (no approval needed)
-        self._withheld_before: list[int] = []   # output indexes withheld so far
+        self._placed: dict[Any, int] = {}       # upstream output_index -> the client's
+        self._placed_ids: dict[Any, int] = {}   # upstream item id -> the client's output_index
+        self._withheld: set[Any] = set()        # upstream output indexes never shown
 
     @property
     def holding(self) -> bool:
@@ -99,9 +102,9 @@ class ApprovalStream:
             return self._decided(index, item, decisions)  # type: ignore[arg-type]
         if isinstance(event.get("response"), dict) and kind in _TERMINAL:
             event = self._terminal(event, decisions)
-        if isinstance(index, int) and self._withheld_before:
-            event = {**event, "output_index": self._shift(index)}
-        return [event]
+        if index in self._withheld:
+            return []   # nothing of a withheld call is shown
+        return [self._placed_at(event, index, item)]
 
     def _decided(self, index: int, item: Any,
                  decisions: Mapping[str, dict[str, Any] | None] | None) -> list[dict[str, Any]]:
@@ -112,14 +115,12 @@ class ApprovalStream:
         call_id = item.get("call_id")
         if call_id not in decision:
             self._passed.add(call_id)
-            if not self._withheld_before:
-                return events
-            return [{**e, "output_index": self._shift(index)} for e in events]
+            return [self._placed_at(e, index, e.get("item")) for e in events]
         replacement = decision[call_id]
         if replacement is None:
-            self._withheld_before.append(index)
+            self._withheld.add(index)
             return []
-        out_index = self._shift(index)
+        out_index = self._place(index, events[0].get("item"))
         return [{"type": kind, "output_index": out_index, "item": replacement,
                  "sequence_number": NEXT_NUMBER}
                 for kind in ("response.output_item.added", "response.output_item.done")]
@@ -134,9 +135,37 @@ class ApprovalStream:
                                    else self.approvals.decide(late))
             self._passed.update(str(call.get("call_id")) for call in late
                                 if call.get("call_id") not in self._decisions)
-        event["response"] = self.approvals.apply_to_response(dict(event["response"]),
-                                                             self._decisions)
+        response = dict(event["response"])
+        if isinstance(response.get("output"), list):
+            response["output"] = self._in_client_order(response["output"])
+        event["response"] = self.approvals.apply_to_response(response, self._decisions)
         return event
 
-    def _shift(self, index: int) -> int:
-        return index - sum(1 for withheld in self._withheld_before if withheld < index)
+    # -- the client's output indexes
+
+    def _place(self, index: Any, item: Any) -> int:
+        """The client's output_index of the upstream item at ``index``: the next free one the
+        first time it is sent."""
+        if index not in self._placed:
+            self._placed[index] = len(self._placed)
+            if isinstance(item, Mapping) and item.get("id") is not None:
+                self._placed_ids[item["id"]] = self._placed[index]
+        return self._placed[index]
+
+    def _placed_at(self, event: dict[str, Any], index: Any, item: Any) -> dict[str, Any]:
+        """``event`` at the client's output_index (the very object when that is upstream's)."""
+        if not isinstance(index, int) or isinstance(index, bool):
+            return event
+        placed = self._place(index, item)
+        return event if placed == index else {**event, "output_index": placed}
+
+    def _in_client_order(self, output: list[Any]) -> list[Any]:
+        """A snapshot's items in the order the client saw them added (matched by item id, else by
+        position); items it never saw keep their order after them."""
+        def key(entry: tuple[int, Any]) -> tuple[int, int]:
+            position, item = entry
+            item_id = item.get("id") if isinstance(item, Mapping) else None
+            placed = self._placed_ids.get(item_id) if item_id is not None else \
+                self._placed.get(position)
+            return (0, placed) if placed is not None else (1, position)
+        return [item for _, item in sorted(enumerate(output), key=key)]
