@@ -267,9 +267,6 @@ def test_type_confused_or_duplicate_answers_are_a_400_and_consume_nothing(server
     _accept_releases(server, real, session)
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: an echoed pending elicitation is declined as "
-                   "unanswered before vLLM validates the request, so a request vLLM refuses with "
-                   "a 400 still closes it and the corrected answer gets 409 elicitation_consumed")
 @pytest.mark.parametrize("mistake", ["item-type", "field"])
 def test_a_request_refused_with_a_400_leaves_the_elicitation_answerable(server, mistake):
     session = f"refused-{mistake}"
@@ -450,7 +447,7 @@ def test_another_principal_cannot_answer_or_see_an_elicitation(server):
 def test_another_session_cannot_answer_an_elicitation(server):
     elicitation = _elicit(server, "s1")
     answer = _answer(elicitation)
-    # echoed in s2 without an answer: nothing released, nothing consumed (see the xfail below)
+    # echoed in s2 without an answer: nothing released, nothing consumed
     _assert_nothing_released(_ok(server, _body(USER, elicitation, session="s2")))
     for fields in ({"prompt_cache_key": "s2"}, {"conversation": "s1"}, {"conversation": "s2"},
                    {}):

@@ -263,8 +263,9 @@ def test_a_race_lost_to_another_answer_is_a_409(engine):
     engine.store.consume = accept_wins_first
     declined = _body({**{k: v for k, v in answer.items() if k != "scope"}, "id": "er_9",
                       "action": "decline"})
+    prepared = _prepare(engine, declined)   # checked; applied once vLLM accepts the request
     with pytest.raises(ApprovalInputError) as error:
-        _prepare(engine, declined)
+        prepared.commit()
     assert error.value.status == 409 and error.value.param == "input[0].elicitation_id"
 
 
@@ -305,7 +306,10 @@ def test_a_decline_needs_no_callable_tool(engine):
     follow = _accepted_follow_up(engine, "once")
     answer = {k: v for k, v in follow["input"][0].items() if k != "scope"}
     declined = {**follow, "tool_choice": "none", "input": [{**answer, "action": "decline"}]}
-    assert _prepare(engine, declined).direct_output is None
+    prepared = _prepare(engine, declined)
+    assert prepared.direct_output is None
+    assert engine.store.get_elicitation(answer["elicitation_id"]).status == "pending"
+    prepared.commit()   # vLLM accepted the request
     assert engine.store.get_elicitation(answer["elicitation_id"]).status == "declined"
 
 

@@ -170,15 +170,12 @@ class ApprovalEngine:
         of the echoed ``elicitation`` items. Raises :class:`ApprovalInputError` before consuming
         anything when any response is invalid.
         """
-        _check_principal(principal)
         now = self.clock() if now is None else now
         parsed = items if isinstance(items, ApprovalItems) else parse_input_items(items)
         if history_calls is None:
             history_calls = set() if isinstance(items, ApprovalItems) else function_call_ids(items)
-        digests = _catalog_digests(catalog)
-        checked = [check_answer(self.store, response, f"{parsed.param}[{index}]", principal,
-                                session, digests, turn, history_calls)
-                   for index, response in parsed.responses]
+        checked = self.check_all(parsed, principal=principal, session=session, catalog=catalog,
+                                 turn=turn, history_calls=history_calls)
         outcomes: list[Outcome] = [self._apply(c, principal, session, now) for c in checked]
 
         answered = {c.response.elicitation_id for c in checked}
@@ -205,6 +202,21 @@ class ApprovalEngine:
             if result.outcome == "consumed":
                 outcomes.append(Decline.of(result.record, "unanswered"))
         return outcomes
+
+    def check_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
+                  session: str | None = None, catalog: CurrentDefinitions | None = None,
+                  turn: TurnAllowlist | None | Literal[False] = False,
+                  history_calls: Collection[str] | None = None) -> list[CheckedAnswer]:
+        """Check every ``elicitation_response`` as :meth:`resolve_all` does, changing nothing:
+        the checked answers in input order, or :class:`ApprovalInputError` for the first bad one."""
+        _check_principal(principal)
+        parsed = items if isinstance(items, ApprovalItems) else parse_input_items(items)
+        if history_calls is None:
+            history_calls = set() if isinstance(items, ApprovalItems) else function_call_ids(items)
+        digests = _catalog_digests(catalog)
+        return [check_answer(self.store, response, f"{parsed.param}[{index}]", principal,
+                             session, digests, turn, history_calls)
+                for index, response in parsed.responses]
 
     # -- internals
 

@@ -7,17 +7,21 @@ side decides which calls leave as elicitations (:class:`ResponseApprovals`). The
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..request import ToolIdentity, TurnAllowlist
+from .answers import CheckedAnswer
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
 from .hints import approval_hint
-from .items import ToolCallApproval, parse_input_items
+from .items import ApprovalItems, ToolCallApproval, parse_input_items
+from .outcomes import Outcome
 
 ANONYMOUS = "anonymous"
 
@@ -61,6 +65,9 @@ class Prepared:
     body: dict[str, Any]                       # what vLLM gets (approval items converted)
     direct_output: list[dict[str, Any]] | None  # released calls: answer without the model
     changed: bool
+    #: the request's store writes (its declines, unanswered elicitations closed), to run once vLLM
+    #: accepts the request (a 2xx answer starts): raises ApprovalInputError / GrantStoreUnavailable
+    commit: Callable[[], None] | None = None
 
 
 def _hints(body: Mapping[str, Any]) -> dict[str, tuple[Mapping[str, Any] | None, str]]:
@@ -104,7 +111,9 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
     """Apply the request's elicitation responses; raises ApprovalInputError (4xx) on bad items.
 
     ``catalog`` is this request's tool policy (None: the request has no tools): an ``accept`` is
-    released only if this turn could have made the call (``docs/response-path.md``)."""
+    released only if this turn could have made the call. An accept is applied now (its call is
+    answered without the model); a request that goes to the model changes the store only through
+    :attr:`Prepared.commit`, once vLLM accepts it (``docs/response-path.md``)."""
     items = body.get("input")
     if not isinstance(items, list):
         return Prepared(body, None, False)
@@ -112,16 +121,64 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
     if not parsed.elicitations and not parsed.responses:
         return Prepared(body, None, False)
     present_calls = function_call_ids(items)
-    outcomes = engine.resolve_all(parsed, principal=principal, session=session, catalog=catalog,
-                                  turn=catalog, history_calls=present_calls)
-    for outcome in outcomes:
-        if isinstance(outcome, Rejected):   # another answer won a race for it: say so (409)
-            raise outcome.error
+    resolve = functools.partial(engine.resolve_all, parsed, principal=principal, session=session,
+                                catalog=catalog, turn=catalog, history_calls=present_calls)
+    checked = engine.check_all(parsed, principal=principal, session=session, catalog=catalog,
+                               turn=catalog, history_calls=present_calls)   # nothing changed yet
+    model_input = functools.partial(_model_input, engine, items, parsed, principal=principal,
+                                    session=session, present_calls=present_calls)
+    if not any(_may_release(answer) for answer in checked):
+        declined = _declines_of(checked, engine.clock())
+        return Prepared({**body, "input": model_input(declined)}, None, True,
+                        functools.partial(_commit, resolve))
+    outcomes = _applied(resolve())
     released = [o if isinstance(o, Release) else o.release for o in outcomes
                 if isinstance(o, Release) or (isinstance(o, Replayed) and o.release is not None)]
     if released:
         return Prepared(body, [_with_id(r) for r in released], True)
     declined = {o.elicitation_id: o for o in outcomes if isinstance(o, Decline) and o.elicitation_id}
+    return Prepared({**body, "input": model_input(declined)}, None, True)
+
+
+def _may_release(answer: CheckedAnswer) -> bool:
+    """Whether applying ``answer`` can release a call (then it is applied before the answer)."""
+    return answer.release is not None or (answer.response.action == "accept"
+                                          and not answer.replay and not answer.stale)
+
+
+def _declines_of(checked: Sequence[CheckedAnswer], now: float) -> dict[str, Decline]:
+    """What applying answers that release nothing will decline, by elicitation id (as
+    :meth:`ApprovalEngine.resolve_all` decides it; nothing is written)."""
+    declined: dict[str, Decline] = {}
+    for answer in checked:
+        if answer.replay:
+            continue   # closed already: shown by its recorded status
+        record, response = answer.record, answer.response
+        cause = ("definition_changed" if answer.stale else "expired" if now >= record.expires_at
+                 else "declined" if response.action == "decline" else "cancelled")
+        declined[record.id] = Decline.of(record, cause,  # type: ignore[arg-type]
+                                         response.reason if cause == "declined" else None)
+    return declined
+
+
+def _applied(outcomes: list[Outcome]) -> list[Outcome]:
+    for outcome in outcomes:
+        if isinstance(outcome, Rejected):   # another answer won a race for it: say so (409)
+            raise outcome.error
+    return outcomes
+
+
+def _commit(resolve: Callable[[], list[Outcome]]) -> None:
+    """Apply a forwarded request's answers and close its unanswered elicitations (the checks run
+    again: an answer another request changed meanwhile is a 409)."""
+    _applied(resolve())
+
+
+def _model_input(engine: ApprovalEngine, items: list[Any], parsed: ApprovalItems,
+                 declined: Mapping[str, Decline], *, principal: str, session: str | None,
+                 present_calls: set[str]) -> list[Any]:
+    """The request's input as the model sees it: approval items removed, each echoed
+    elicitation shown as its call and decline (``docs/response-path.md``)."""
     present_outputs = {item.get("call_id") for item in items
                        if isinstance(item, Mapping) and item.get("type") == "function_call_output"}
     elicitation_at = dict(parsed.elicitations)
@@ -133,8 +190,7 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
         if index not in elicitation_at:
             new_input.append(item)
             continue
-        echoed = elicitation_at[index]
-        record = engine.store.get_elicitation(echoed.id)
+        record = engine.store.get_elicitation(elicitation_at[index].id)
         if record is None or record.principal != principal or record.session != session:
             continue   # not ours to show: nothing of it reaches the model
         if record.call_id in present_calls:
@@ -150,7 +206,7 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
         new_input.append(call)
         decline = declined.get(record.id) or Decline.of(record, _cause(record.status))
         new_input.append(decline.function_call_output_item())
-    return Prepared({**body, "input": new_input}, None, True)
+    return new_input
 
 
 def _cause(status: str) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..approvals.errors import GrantStoreUnavailable
+from ..errors import AllowedToolsError
 from ..approvals.stream import ApprovalStream
 from ..metrics import record_violation
 from ..request.rewrite import Api, restore_echo
@@ -104,15 +106,25 @@ def _media_type(headers: Any) -> tuple[str | None, bool]:
     return (types.pop() if len(types) == 1 else None), encoded
 
 
+def _is_2xx(status: Any) -> bool:
+    return isinstance(status, int) and 200 <= status < 300
+
+
 class GuardedSend:
     """Wraps `send`: the output guard on every call leaving the server, the approvals on every
     Responses function call, and, for an allowed-tools Responses request, the client's own
     tool_choice restored in every response object. Non-2xx answers pass as they are: they are
-    vLLM's own error bodies, which never carry a tool call."""
+    vLLM's own error bodies, which never carry a tool call.
+
+    ``commit``: the request's grant-store writes, made when vLLM's answer starts with a 2xx status
+    and before any of it goes out (a request vLLM refuses changes nothing); one that fails is
+    answered instead of vLLM's answer."""
 
     def __init__(self, send: Send, api: Api, call_filter: Any, echo: tuple[bool, Any], stop: StopSignal,
-                 spec_version: tuple[int, ...], approvals: Any = None) -> None:
+                 spec_version: tuple[int, ...], approvals: Any = None,
+                 commit: Callable[[], Any] | None = None) -> None:
         self._approvals = approvals
+        self._commit = commit
         self._send = send
         self._api = api
         self._call_filter = call_filter
@@ -124,15 +136,19 @@ class GuardedSend:
         self._buffer = b""
         self._guard: GuardedSSE | None = None
         self._finished = False
+        self._quiet = False     # what the app still sends is dropped without an error
         self._unreadable = ""   # what made a 2xx answer unreadable
 
     async def __call__(self, message: Message) -> None:
         if self._finished:
-            if self._spec_version >= (2, 4):
+            if self._spec_version >= (2, 4) and not self._quiet:
                 raise OSError("the allowed-tools guard ended this stream")
             return   # the app is being told the client left; drop what it still sends
         kind = message["type"]
         if kind == "http.response.start":
+            if self._commit is not None and _is_2xx(message.get("status")) \
+                    and not await self._committed():
+                return
             if self._begin(message):
                 await self._send(message)
         elif self._mode != "raw" and kind in _BODY_ELSEWHERE:
@@ -149,11 +165,31 @@ class GuardedSend:
         else:
             await self._stream(message)
 
+    async def _committed(self) -> bool:
+        """Make the request's store writes (vLLM accepted it); False: they failed and the error
+        was answered instead (the app is told the client left)."""
+        commit, self._commit = self._commit, None
+        try:
+            await asyncio.to_thread(commit)   # type: ignore[arg-type]
+        except AllowedToolsError as exc:   # another answer won meanwhile (409), the store is down
+            if isinstance(exc, GrantStoreUnavailable):
+                log_store_down(exc)
+            self._finished = self._quiet = True
+            body = json.dumps(exc.to_openai()).encode()
+            await self._send({"type": "http.response.start", "status": exc.status,
+                              "headers": [(b"content-type", b"application/json"),
+                                          (b"content-length", str(len(body)).encode()),
+                                          *error_headers(exc)]})
+            await self._send({"type": "http.response.body", "body": body, "more_body": False})
+            self._stop.event.set()
+            return False
+        return True
+
     def _begin(self, start: Message) -> bool:
         """Choose how the answer is guarded; whether its start goes out now."""
         status = start.get("status")
         media, encoded = _media_type(start.get("headers"))
-        if self._call_filter is None or not (isinstance(status, int) and 200 <= status < 300):
+        if self._call_filter is None or not _is_2xx(status):
             self._mode = "raw"   # nothing to judge by, or vLLM's own error body: no tool calls in it
             return True
         if encoded or media not in ("application/json", "text/event-stream"):

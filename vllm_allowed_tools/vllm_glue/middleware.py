@@ -123,12 +123,12 @@ class AllowedToolsMiddleware:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
         call_filter = _output_filter(rewritten, data, api)
-        approvals = None
+        approvals = commit = None
         if self.approvals is not None:
             prepared = await self._prepare_approvals(scope, send, data, rewritten, api, render)
             if prepared is None:
                 return   # answered already
-            rewritten, approvals = prepared
+            rewritten, approvals, commit = prepared
             if isinstance(approvals, ChatApprovals):   # decided already: the guard is the backstop
                 call_filter = approvals.call_filter(call_filter) if call_filter is not None else None
                 approvals = None
@@ -140,15 +140,17 @@ class AllowedToolsMiddleware:
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
         send = GuardedSend(send, api, call_filter, (api == "responses" and allowlist,
-                                               rewritten.original_tool_choice), stop, spec, approvals)
+                                               rewritten.original_tool_choice), stop, spec, approvals,
+                           commit)
         await self.app(scope, stop.receive(body, receive), send)
 
     async def _prepare_approvals(self, scope: Scope, send: Send, data: dict, rewritten: Any,
-                                 api: Api, render: bool) -> tuple[Any, Any] | None:
-        """(the rewritten request, the response-side approvals or None); None when the request
-        was answered here (an error, or calls released by an approval without the model)."""
+                                 api: Api, render: bool) -> tuple[Any, Any, Any] | None:
+        """(the rewritten request, the response-side approvals or None, the store writes to make
+        once vLLM accepts the request or None); None when the request was answered here (an
+        error, or calls released by an approval without the model)."""
         try:   # it may read and write the grant store: off the loop
-            rewritten, approvals, direct = await asyncio.to_thread(
+            rewritten, approvals, direct, commit = await asyncio.to_thread(
                 self._approvals, scope, data, rewritten, api, render)
         except AllowedToolsError as exc:
             if isinstance(exc, GrantStoreUnavailable):
@@ -158,11 +160,12 @@ class AllowedToolsMiddleware:
         if direct is not None:
             await _send_direct(send, data, direct, rewritten.original_tool_choice)
             return None
-        return rewritten, approvals
+        return rewritten, approvals, commit
 
     def _approvals(self, scope: Scope, data: dict, rewritten: Any, api: Api, render: bool):
-        """(rewritten request, the response-side approvals or None, calls to release directly).
-        A render request never reaches the grant store: it cannot answer an elicitation."""
+        """(rewritten request, the response-side approvals or None, calls to release directly,
+        the store writes to make once vLLM accepts the request). A render request never reaches
+        the grant store: it cannot answer an elicitation."""
         from ..approvals.chat import decide_chat_turn
         from ..approvals.hints import check_hints
         from ..approvals.wire import (
@@ -180,7 +183,7 @@ class AllowedToolsMiddleware:
             _refuse_approval_items(data)
         if render:
             return replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body), \
-                None, None
+                None, None, None
         principal = principal_from_headers(scope.get("headers", []),
                                            self.approvals.store.principal_secret)
         session = session_of(data)
@@ -190,17 +193,18 @@ class AllowedToolsMiddleware:
                                     session=session)
             rewritten = narrow_allowlist(replace(rewritten, body=body, changed=rewritten.changed
                                                  or body is not rewritten.body), chat.blocked)
-            return rewritten, chat, None
+            return rewritten, chat, None, None
         prepared = prepare_request(self.approvals, body, principal=principal, session=session,
                                    catalog=catalog)
         if prepared.direct_output is not None:
-            return rewritten, None, prepared.direct_output
+            return rewritten, None, prepared.direct_output, None
         changed = rewritten.changed or prepared.changed or prepared.body is not rewritten.body
         approvals = ResponseApprovals(self.approvals, data, catalog, principal=principal,
                                       session=session) if catalog is not None else None
         if approvals is not None and approvals.may_call_gated():
             self.approvals.check_store()   # down: 503 now, before any generation
-        return replace(rewritten, body=prepared.body, changed=changed), approvals, None
+        return replace(rewritten, body=prepared.body, changed=changed), approvals, None, \
+            prepared.commit
 
 
 async def _send_direct(send: Send, body: dict, output: list[dict], original_tool_choice: Any) -> None:
