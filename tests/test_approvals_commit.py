@@ -112,6 +112,18 @@ def test_an_accept_while_a_decline_waits_for_vllm_wins_and_the_decline_is_a_409(
     assert _prepare(engine, accept).direct_output == first   # released once, the same again
 
 
+def test_an_expired_accept_goes_to_the_model_as_expired_and_is_written_on_commit(engine):
+    elicitation = _elicit(engine)
+    later = elicitation["expires_at"] + 1
+    engine.clock = lambda: later
+    prepared = _prepare(engine, _body(USER, elicitation,
+                                      _answer(elicitation, "accept", scope="once")))
+    assert prepared.direct_output is None and _status(engine, elicitation) == "pending"
+    assert "expired" in prepared.body["input"][-1]["output"]
+    prepared.commit()
+    assert _status(engine, elicitation) == "expired"
+
+
 def test_accepts_are_applied_at_once(engine):
     elicitation = _elicit(engine)
     prepared = _prepare(engine, _body(USER, elicitation,

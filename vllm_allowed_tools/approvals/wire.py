@@ -127,8 +127,9 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
                                turn=catalog, history_calls=present_calls)   # nothing changed yet
     model_input = functools.partial(_model_input, engine, items, parsed, principal=principal,
                                     session=session, present_calls=present_calls)
-    if not any(_may_release(answer) for answer in checked):
-        declined = _declines_of(checked, engine.clock())
+    now = engine.clock()
+    if not any(_may_release(answer, now) for answer in checked):
+        declined = _declines_of(checked, now)
         return Prepared({**body, "input": model_input(declined)}, None, True,
                         functools.partial(_commit, resolve))
     outcomes = _applied(resolve())
@@ -140,10 +141,10 @@ def prepare_request(engine: ApprovalEngine, body: dict[str, Any], *, principal: 
     return Prepared({**body, "input": model_input(declined)}, None, True)
 
 
-def _may_release(answer: CheckedAnswer) -> bool:
+def _may_release(answer: CheckedAnswer, now: float) -> bool:
     """Whether applying ``answer`` can release a call (then it is applied before the answer)."""
-    return answer.release is not None or (answer.response.action == "accept"
-                                          and not answer.replay and not answer.stale)
+    return answer.release is not None or (answer.response.action == "accept" and not answer.replay
+                                          and not answer.stale and now < answer.record.expires_at)
 
 
 def _declines_of(checked: Sequence[CheckedAnswer], now: float) -> dict[str, Decline]:
