@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..approvals.errors import GrantStoreUnavailable
-from ..errors import AllowedToolsError
 from ..approvals.stream import ApprovalStream
+from ..errors import AllowedToolsError
 from ..metrics import record_violation
 from ..request.rewrite import Api, restore_echo
 from ..response import (
