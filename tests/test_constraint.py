@@ -46,34 +46,6 @@ FUNCTIONS = [AllowedFunction(f"tool_{i}", SCHEMA, strict=True) for i in range(6)
 
 
 # ---------------------------------------------------------------------------- grammar builder
-@pytest.mark.parametrize("wire_format,model", [("hermes", "hermes"), ("llama3_json", "llama"),
-                                               ("qwen3_coder", "qwen_3_coder")])
-@pytest.mark.parametrize("mode", ["auto", "required"])
-@pytest.mark.parametrize("parallel", [True, False])
-def test_builder_matches_vllms_registry(wire_format, model, mode, parallel):
-    """Our builder (no vLLM) gives exactly the tag vLLM's registry gives for the allowed subset, so
-    switching the native path over to it changed no grammar."""
-    from openai.types.responses import FunctionTool, ToolChoiceAllowed
-    from vllm.tool_parsers.structural_tag_registry import (
-        get_model_structural_tag,
-        limit_to_single_tool_call,
-    )
-    from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
-    tools = [FunctionTool(type="function", name=f"t{i}", parameters=SCHEMA, strict=(i % 2 == 0))
-             for i in range(5)]
-    allowed = ["t1", "t3", "t4"]
-    theirs = get_model_structural_tag(
-        model=model, tools=tools, reasoning=False, strict_level=ToolStrictLevel.FUNCTION,
-        tool_choice=ToolChoiceAllowed(type="allowed_tools", mode=mode,
-                                      tools=[{"type": "function", "name": n} for n in allowed]))
-    if not parallel:
-        limit_to_single_tool_call(theirs)
-    ours = build_structural_tag(wire_format, [AllowedFunction(t.name, t.parameters, t.strict)
-                                              for t in tools if t.name in allowed],
-                                mode, parallel_tool_calls=parallel)
-    assert json.dumps(ours.model_dump(), sort_keys=True) == json.dumps(theirs.model_dump(), sort_keys=True)
-
-
 @pytest.mark.parametrize("kwargs,message", [
     ({"wire_format": "harmony"}, "unknown wire format"),
     ({"mode": "none"}, "mode must be"),
