@@ -8,7 +8,6 @@ and agent clients repeat the same turn. What each mode admits: docs/decode-path.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -25,6 +24,7 @@ from xgrammar.structural_tag import (
 )
 
 from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
+from .stage import tag_digest
 
 Mode = Literal["auto", "required"]
 
@@ -147,10 +147,6 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
                  strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
                  max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
     return _BUILDERS[spec.kind](spec, turn)
-
-
-def tag_digest(tag_json: str) -> str:
-    return hashlib.sha256(tag_json.encode("utf-8")).hexdigest()
 
 
 def built(tag: StructuralTag) -> BuiltTag:

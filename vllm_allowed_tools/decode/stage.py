@@ -130,13 +130,14 @@ def _grammar_text(extra_args: Mapping[str, Any], tag_key: str, digest_key: str, 
     tag_json, digest = extra_args.get(tag_key), extra_args.get(digest_key)
     if not isinstance(tag_json, str) or not tag_json:
         raise ConstraintArgsError(f"extra_args.{tag_key} must be the structural tag's JSON text")
-    if not isinstance(digest, str) or len(digest) != 64 or (verify and digest != _sha256(tag_json)):
+    if not isinstance(digest, str) or len(digest) != 64 or (verify and digest != tag_digest(tag_json)):
         raise ConstraintArgsError(f"extra_args.{digest_key} must be the sha256 of "
                                   f"extra_args.{tag_key}; build both with constraint_extra_args()")
     return GrammarText(tag_json=tag_json, digest=digest)
 
 
 
-def _sha256(text: str) -> str:
-    """The tag digest (as ``grammar.tag_digest``), without importing xgrammar."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def tag_digest(tag_json: str) -> str:
+    """The digest that travels next to a grammar in ``extra_args`` (here so no xgrammar is needed
+    to check it)."""
+    return hashlib.sha256(tag_json.encode("utf-8")).hexdigest()
