@@ -39,6 +39,9 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
                         help="serve this tiny-model folder instead of the cached build")
     parser.add_argument("--vanilla", action="store_true",
                         help="leave the plugin's middleware out (use with a base parser, e.g. hermes)")
+    parser.add_argument("--chat-template", default=None,
+                        help="serve this template file, or `model` for the model folder's own "
+                             "(default: the bundled template of --parser)")
     parser.add_argument("--log-file", type=Path, default=None, help="write the server log here")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for health")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
@@ -63,7 +66,7 @@ def cmd_serve_tiny(args: argparse.Namespace) -> int:
     _log(f"starting vllm on {model} (parser {args.parser}) ...")
     server = start_server(model, port=args.port, host=args.host, parser=args.parser,
                           extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout,
-                          vanilla=args.vanilla)
+                          vanilla=args.vanilla, chat_template=args.chat_template)
     print(server.base_url, flush=True)
     _log(f"healthy; log: {server.log_path}; Ctrl-C stops it")
     try:

@@ -72,14 +72,25 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+#: ``chat_template`` value that serves the model folder's own template (no ``--chat-template``)
+MODEL_TEMPLATE = "model"
+
+
 def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: str = DEFAULT_PARSER,
-                   extra_args: Sequence[str] = (), vanilla: bool = False) -> list[str]:
+                   extra_args: Sequence[str] = (), vanilla: bool = False,
+                   chat_template: str | Path | None = None) -> list[str]:
     """``vllm serve`` with the plugin (vLLM's CLI entry, called with this interpreter).
+
+    ``chat_template``: None serves the bundled template of ``parser``; a path serves that file;
+    :data:`MODEL_TEMPLATE` passes no ``--chat-template`` (the tokenizer's own template).
 
     ``vanilla`` leaves our middleware out (pair it with a base parser such as ``hermes``): the same
     model and template under plain vLLM, for parity tests and baselines.
     """
     plugin = [] if vanilla else ["--middleware", MIDDLEWARE]
+    if chat_template is None:
+        chat_template = template_for_parser(parser)
+    template = [] if str(chat_template) == MODEL_TEMPLATE else ["--chat-template", str(chat_template)]
     return [
         sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; "
         "sys.argv[0] = 'vllm'; sys.exit(main())",
@@ -91,7 +102,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         # Generator does not use offset"); a whole-context batch budget never chunks
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN),
         "--enable-auto-tool-choice", "--tool-call-parser", parser,
-        "--chat-template", str(template_for_parser(parser)),
+        *template,
         "--structured-outputs-config.backend", "xgrammar",
         "--enable-prompt-tokens-details",
         *plugin,
@@ -200,7 +211,8 @@ def wait_healthy(server: TinyServer, timeout: float) -> None:
 def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.1",
                  parser: str = DEFAULT_PARSER, extra_args: Sequence[str] = (),
                  log_path: Path | None = None, timeout: float = 300.0,
-                 env: dict[str, str] | None = None, vanilla: bool = False) -> TinyServer:
+                 env: dict[str, str] | None = None, vanilla: bool = False,
+                 chat_template: str | Path | None = None) -> TinyServer:
     """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError)."""
     from .tiny_model import validate_model_dir
 
@@ -214,7 +226,8 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     log = open(log_path, "w", buffering=1)
     environment = server_environment(env)
     environment.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
-    process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args, vanilla),
+    process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args, vanilla,
+                                              chat_template),
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env=environment, preexec_fn=_die_with_parent)
     server = TinyServer(process=process, host=host, port=port, log_path=Path(log_path), _log=log)
