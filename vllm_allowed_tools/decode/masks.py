@@ -3,7 +3,10 @@ and one xgrammar matcher per constrained batch row masking that row's logits (tw
 grammar, the catalog's and the envelope's, their masks ANDed: :mod:`.split`).
 
 The vLLM adapter (``vllm_glue/logits_processor.py``) only translates vLLM's batch updates into
-:meth:`MaskedBatch.add`, :meth:`~MaskedBatch.remove` and :meth:`~MaskedBatch.move`."""
+:meth:`MaskedBatch.add`, :meth:`~MaskedBatch.remove` and :meth:`~MaskedBatch.move`, and, when the
+server runs a reasoning parser, hands over a :class:`ReasoningGate` built from it: a row whose prompt
+has not ended reasoning is left unconstrained until its output ends it, as vLLM's structured-output
+manager does for the native stage, and its matcher starts from the token the gate names."""
 
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from .grammar import _LRU, tag_digest
 from .stage import ConstraintArgsError, GrammarText, RequestGrammar
@@ -119,6 +122,19 @@ class CompiledGrammars:
         return self._cache.hits, self._cache.misses, len(self._cache)
 
 
+class ReasoningGate(Protocol):
+    """Where a row's grammar starts, from the server's reasoning parser (the glue adapts vLLM's)."""
+
+    def ended_in_prompt(self, prompt_ids: Sequence[int]) -> bool:
+        """The prompt already ended reasoning (the template closed it, or reasoning is off)."""
+
+    def grammar_start(self, prompt_ids: Sequence[int], output_ids: Sequence[int], start: int,
+                      stop: int) -> int | None:
+        """The index in ``output_ids`` the grammar starts at, when ``output_ids[start:stop]`` (new
+        tokens, reasoning until then) ends reasoning; None while reasoning goes on. An explicit end
+        (``</think>``) starts the grammar after it; an implicit one (a call start) at it."""
+
+
 @dataclass
 class _Row:
     matcher: Any
@@ -127,14 +143,18 @@ class _Row:
     failed: bool = False               # a token the grammar refused: only stop tokens from now on
     stop_token_ids: tuple[int, ...] = field(default=())
     envelope: Any = None               # the subset's envelope, when ``matcher`` is the catalog's
+    reasoning: bool = False            # unconstrained until the gate sees reasoning end
+    prompt_ids: Sequence[int] = ()     # for the gate, while reasoning
 
 
 class MaskedBatch:
     """One matcher per constrained row of a persistent batch; unconstrained rows cost nothing."""
 
-    def __init__(self, grammars: CompiledGrammars, vocab_size: int, max_rows: int) -> None:
+    def __init__(self, grammars: CompiledGrammars, vocab_size: int, max_rows: int,
+                 reasoning: ReasoningGate | None = None) -> None:
         import xgrammar as xgr
         self.grammars = grammars
+        self.reasoning = reasoning
         self.vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)
         self._words = self._bitmask.numpy()      # the same memory, for numpy
@@ -145,9 +165,10 @@ class MaskedBatch:
 
     # ------------------------------------------------------------------ batch changes
     def add(self, row: int, grammar: RequestGrammar | None, output_ids: Sequence[int],
-            stop_token_ids: Sequence[int] = ()) -> None:
+            stop_token_ids: Sequence[int] = (), prompt_ids: Sequence[int] | None = None) -> None:
         """A request enters ``row`` (replacing whatever was there); tokens it already produced
-        (a resumed request) are replayed into the new matcher on the next :meth:`sync`."""
+        (a resumed request) are replayed into the new matcher on the next :meth:`sync`, through
+        the reasoning gate first when the prompt left reasoning open."""
         self.rows.pop(row, None)
         if grammar is None:
             return
@@ -159,8 +180,10 @@ class MaskedBatch:
             self.rows[row] = _Row(matcher=None, output_ids=output_ids, failed=True,
                                   stop_token_ids=tuple(stop_token_ids))
             return
+        reasoning = self.reasoning is not None and not self.reasoning.ended_in_prompt(prompt_ids or ())
         self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
-                              stop_token_ids=tuple(stop_token_ids), envelope=envelope)
+                              stop_token_ids=tuple(stop_token_ids), envelope=envelope,
+                              reasoning=reasoning, prompt_ids=(prompt_ids or ()) if reasoning else ())
 
     def remove(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -178,6 +201,8 @@ class MaskedBatch:
         """Advance every matcher over the output tokens produced since the last step."""
         for state in self.rows.values():
             output = state.output_ids
+            if state.reasoning and not self._end_reasoning(state):
+                continue
             while state.consumed < len(output):
                 token = output[state.consumed]
                 if token < 0:          # a placeholder not yet filled in (async scheduling)
@@ -191,12 +216,28 @@ class MaskedBatch:
                     logger.error("vllm-allowed-tools: the grammar refused token %d; the request "
                                  "may only stop now", token)
 
+    def _end_reasoning(self, state: _Row) -> bool:
+        """Pass a reasoning row's new tokens by, up to where the gate says its grammar starts;
+        True when it does (the matcher then takes the rest)."""
+        output = state.output_ids
+        stop = state.consumed
+        while stop < len(output) and output[stop] >= 0:   # placeholders (async scheduling) wait
+            stop += 1
+        if stop == state.consumed:
+            return False
+        start = self.reasoning.grammar_start(state.prompt_ids, output, state.consumed, stop)
+        if start is None:
+            state.consumed = stop
+            return False
+        state.consumed, state.reasoning, state.prompt_ids = start, False, ()
+        return True
+
     def apply(self, logits: Any) -> Any:
         """Mask each constrained row of ``logits`` ([rows, vocab]) in place."""
         if not self.rows:
             return logits
         batch = logits.shape[0]
-        indices = [row for row in self.rows if row < batch]
+        indices = [row for row, state in self.rows.items() if row < batch and not state.reasoning]
         if not indices:
             return logits
         bitmask = self._bitmask

@@ -11,6 +11,11 @@ package installed, so the class also declares the V2 interface: under V2 it cons
 raises, naming the fix, for any request that asks it to (only offline callers can: the server's
 start-up check never picks this stage where Model Runner V2 may run). vLLM itself drops entry-point
 processors under speculative decoding; the start-up check does not pick the stage there either.
+
+With a reasoning parser (``--reasoning-parser``), a row's grammar waits for the end of reasoning,
+decided by that parser exactly as vLLM's structured-output manager decides it for the native stage
+(``_VllmReasoningGate``); ``--structured-outputs-config.enable_in_reasoning`` constrains from the
+first token instead, as there.
 """
 
 from __future__ import annotations
@@ -20,8 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
-from ..decode.masks import CompiledGrammars, MaskedBatch
+from ..decode.masks import CompiledGrammars, MaskedBatch, ReasoningGate
 from ..decode.stage import ConstraintArgsError, read_extra_args
+
+try:  # vLLM 0.32: engine-based reasoning parsers (qwen3, ...) say which end token is content
+    from vllm.parser.engine.adapters import ParserEngineReasoningAdapter
+except ImportError:  # pragma: no cover - a vLLM without parser engines
+    ParserEngineReasoningAdapter = None  # type: ignore[assignment,misc]
 
 try:  # Model Runner V2 (vLLM 0.32+): see the module docstring
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as V2LogitsProcessor
@@ -56,6 +66,55 @@ def compiled_grammars_for(vllm_config: VllmConfig) -> CompiledGrammars:
     return grammars
 
 
+class _VllmReasoningGate:
+    """vLLM's reasoning parser as a :class:`ReasoningGate`, deciding where the grammar starts as
+    ``StructuredOutputManager._get_constraint_bounds`` does (vLLM 0.32): engine-based parsers by
+    their end tokens (an implicit end, such as qwen3's ``<tool_call>``, is the grammar's first token),
+    the others by ``is_reasoning_end_streaming`` over the tokens so far, one token back at a time.
+    One parser serves every row: these methods read the parser's configuration, not its state."""
+
+    def __init__(self, reasoner: Any) -> None:
+        self._reasoner = reasoner
+        self._by_end_token = (ParserEngineReasoningAdapter is not None
+                              and isinstance(reasoner, ParserEngineReasoningAdapter)
+                              and bool(reasoner.reasoning_end_token_ids))
+
+    def ended_in_prompt(self, prompt_ids) -> bool:
+        return bool(self._reasoner.is_reasoning_end(list(prompt_ids)))
+
+    def grammar_start(self, prompt_ids, output_ids, start: int, stop: int) -> int | None:
+        new = list(output_ids[start:stop])
+        if self._by_end_token:
+            end = self._reasoner.find_reasoning_end(new)
+            if end is not None:
+                if end.offset >= len(new):
+                    return None
+                return start + end.offset + (0 if end.implicit else 1)
+        ids = [*prompt_ids, *output_ids[:stop]]
+        if not self._reasoner.is_reasoning_end_streaming(ids, new):
+            return None
+        for index in range(len(new) - 1, 0, -1):
+            ids.pop()
+            new.pop()
+            if not self._reasoner.is_reasoning_end_streaming(ids, new):
+                return start + index + 1
+        return start + 1
+
+
+def reasoning_gate_for(vllm_config: VllmConfig) -> ReasoningGate | None:
+    """The server's reasoning parser as a gate; None without one, or when the operator constrains
+    reasoning too (``enable_in_reasoning``)."""
+    config = vllm_config.structured_outputs_config
+    if not config.reasoning_parser or config.enable_in_reasoning:
+        return None
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tokenizers import cached_tokenizer_from_config
+    if config.reasoning_parser_plugin and len(config.reasoning_parser_plugin) > 3:
+        ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)
+    reasoner_cls = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)
+    return _VllmReasoningGate(reasoner_cls(tokenizer=cached_tokenizer_from_config(vllm_config.model_config)))
+
+
 class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
     """Masks the logits of requests that carry an allowed-tools structural tag in ``extra_args``."""
 
@@ -76,7 +135,7 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
         if self._batch is None:
             grammars = compiled_grammars_for(self._vllm_config)
             self._batch = MaskedBatch(grammars, self._vllm_config.model_config.get_vocab_size(),
-                                      self._max_rows)
+                                      self._max_rows, reasoning=reasoning_gate_for(self._vllm_config))
         return self._batch
 
     def is_argmax_invariant(self) -> bool:
@@ -88,13 +147,13 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
             for row in batch_update.removed:
                 if self._batch is not None:
                     self._batch.remove(row)
-            for row, params, _prompt_ids, output_ids in batch_update.added:
+            for row, params, prompt_ids, output_ids in batch_update.added:
                 grammar = (read_extra_args(params.extra_args, verify=False)   # checked at admission
                            if params is not None else None)
                 if grammar is None and self._batch is None:
                     continue
                 stops = sorted(getattr(params, "all_stop_token_ids", None) or ())
-                self._masked_batch().add(row, grammar, output_ids, stops)
+                self._masked_batch().add(row, grammar, output_ids, stops, prompt_ids)
             for source, target, direction in batch_update.moved:
                 if self._batch is not None:
                     self._batch.move(source, target, direction == MoveDirectionality.SWAP)
