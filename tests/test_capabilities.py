@@ -14,21 +14,18 @@ NATIVE = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}
 
 def test_good_configuration_passes():
     """xgrammar, or ``auto`` (which tries xgrammar first), with our parser: accepted, served by the
-    stage ``auto`` picks for the device; the template of a hub id is not guessed, nothing is
-    filtered. A command line that is not a server's is accepted with nothing checked."""
+    stage ``auto`` picks for the device. A command line that is not a server's is accepted with nothing checked."""
     assert structured_output_backend(BASE) == "auto"
     for argv in (BASE + ["--structured-outputs-config.backend", "xgrammar"], BASE):
         for environ, stage in (({"VLLM_TARGET_DEVICE": "cpu"}, "logits-processor"),
                                (GPU, "native"), ({**GPU, **NATIVE}, "native")):
             assert check_server_args(argv, environ=environ) == ServerCapabilities(
-                template=None, template_renders_policy=None, filter_catalog=False,
                 constraint_stage=stage), (argv, environ)
         caps = check_server_args(argv, environ={})   # the device as vLLM detects it here
-        assert caps.constraint_stage in ("native", "logits-processor") and not caps.filter_catalog
+        assert caps.constraint_stage in ("native", "logits-processor")
     not_a_server = ["python", "-m", "pytest", "--tool-call-parser", "hermes"]
     assert check_server_args(not_a_server, environ={"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}) \
-        == ServerCapabilities(template=None, template_renders_policy=None, filter_catalog=False,
-                              constraint_stage="native")
+        == ServerCapabilities(constraint_stage="native")
 
 
 @pytest.mark.parametrize("backend", ["guidance", "outlines", "lm-format-enforcer"])
@@ -127,45 +124,88 @@ def test_real_server_refuses_to_start_with_guidance(tmp_path):
 
 # ------------------------------------------------------------------ templates and the fallback
 
-PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}"
+#: renders every message's content in order: a trailing system message lands after the history
+PLAIN_TEMPLATE = "{% for m in messages %}{{ m.content }}\n{% endfor %}"
+#: system messages hoisted to the front (as DeepSeek's templates do): the policy goes last instead
+HOISTING_TEMPLATE = ("{% for m in messages if m.role == 'system' %}{{ m.content }}\n{% endfor %}"
+                     "{% for m in messages if m.role != 'system' %}{{ m.content }}\n{% endfor %}")
+#: renders user messages only: no placement gets the policy into the prompt
+USERS_ONLY_TEMPLATE = "{% for m in messages if m.role == 'user' %}{{ m.content }}{% endfor %}"
 
 
-def test_our_templates_render_the_policy(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_model_dir():
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    return ensure_model("random", 0, log=lambda *_: None)
+
+
+def _placement(argv, environ=None):
+    from vllm_allowed_tools.vllm_glue.served_template import choose_placement
+    return choose_placement(argv, environ or {})
+
+
+def _serve(model, template=None):
+    argv = ["vllm", "serve", str(model), "--tool-call-parser", "allowed_hermes"]
+    return argv + (["--chat-template", str(template)] if template else [])
+
+
+def test_each_template_gets_the_placement_its_probe_passes(tiny_model_dir, tmp_path):
+    """Our templates read the policy variable; a model's own template takes it as a trailing
+    system message, or appended to the last message where system messages are hoisted."""
     from vllm_allowed_tools.templates import template_path
-    caps = check_server_args(BASE + ["--chat-template", str(template_path("hermes"))], environ={})
-    assert caps.template_renders_policy is True and not caps.filter_catalog
+    assert _placement(_serve(tiny_model_dir, template_path("hermes"))).placement == "template-variable"
+    assert _placement(_serve(tiny_model_dir)).placement == "template-variable"   # the folder's own
+    for text, expected in ((PLAIN_TEMPLATE, "system-message"), (HOISTING_TEMPLATE, "last-message")):
+        template = tmp_path / "theirs.jinja"
+        template.write_text(text)
+        choice = _placement(_serve(tiny_model_dir, template))
+        assert (choice.placement, choice.origin) == (expected, str(template))
 
 
-def test_a_template_without_the_policy_block_is_refused_naming_it(tmp_path):
+def test_a_template_no_placement_fits_is_refused_naming_it(tiny_model_dir, tmp_path):
     template = tmp_path / "theirs.jinja"
-    template.write_text(PLAIN_TEMPLATE)
+    template.write_text(USERS_ONLY_TEMPLATE)
     with pytest.raises(CapabilityError, match="theirs.jinja") as error:
-        check_server_args(BASE + ["--chat-template", str(template)], environ={})
-    assert "allowed_tools_policy" in str(error.value) and "filter-catalog" in str(error.value)
+        _placement(_serve(tiny_model_dir, template))
+    message = str(error.value)
+    assert "system-message: the allowed names are not rendered after the history" in message
+    assert "filter-catalog" in message
 
 
-def test_the_model_folders_own_template_is_checked(tmp_path):
+def test_the_model_folders_own_template_is_probed(tiny_model_dir, tmp_path):
     import json
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": PLAIN_TEMPLATE}))
-    argv = ["vllm", "serve", str(tmp_path), "--tool-call-parser", "allowed_hermes"]
-    with pytest.raises(CapabilityError, match="tokenizer_config.json"):
-        check_server_args(argv, environ={})
+    import shutil
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": USERS_ONLY_TEMPLATE}))
+    with pytest.raises(CapabilityError, match="own chat template"):
+        _placement(_serve(tmp_path))
+    config["chat_template"] = HOISTING_TEMPLATE
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert _placement(_serve(tmp_path)).placement == "last-message"
 
 
-def test_explicit_fallback_turns_on_catalog_filtering(tmp_path):
+def test_explicit_fallback_and_forced_placements(tiny_model_dir, tmp_path):
     template = tmp_path / "theirs.jinja"
-    template.write_text(PLAIN_TEMPLATE)
-    argv = BASE + ["--chat-template", str(template)]
-    caps = check_server_args(argv, environ={"VLLM_ALLOWED_TOOLS_FALLBACK": "filter-catalog"})
-    assert caps.filter_catalog and caps.template_renders_policy is False
+    template.write_text(USERS_ONLY_TEMPLATE)
+    argv = _serve(tiny_model_dir, template)
+    assert _placement(argv, {"VLLM_ALLOWED_TOOLS_FALLBACK": "filter-catalog"}).filter_catalog
+    assert _placement(argv, {"VLLM_ALLOWED_TOOLS_PLACEMENT": "filter-catalog"}).filter_catalog
     with pytest.raises(CapabilityError, match="not a known fallback"):
-        check_server_args(argv, environ={"VLLM_ALLOWED_TOOLS_FALLBACK": "yes"})
+        _placement(argv, {"VLLM_ALLOWED_TOOLS_FALLBACK": "yes"})
+    with pytest.raises(CapabilityError, match="not a placement"):
+        _placement(argv, {"VLLM_ALLOWED_TOOLS_PLACEMENT": "anywhere"})
+    template.write_text(HOISTING_TEMPLATE)   # a forced placement is still probed
+    with pytest.raises(CapabilityError, match="system-message: two allowed subsets"):
+        _placement(argv, {"VLLM_ALLOWED_TOOLS_PLACEMENT": "system-message"})
 
 
-def test_unreadable_template_is_not_guessed():
-    caps = check_server_args(["vllm", "serve", "org/hub-model", "--tool-call-parser",
-                              "allowed_hermes"], environ={})
-    assert caps.template_renders_policy is None and not caps.filter_catalog
+def test_unreadable_tokenizer_is_refused_naming_the_way_out():
+    with pytest.raises(CapabilityError, match="could not load the tokenizer of '/nowhere/model'"):
+        _placement(["vllm", "serve", "/nowhere/model", "--tool-call-parser", "allowed_hermes"])
+    with pytest.raises(CapabilityError, match="--tokenizer-mode mistral"):
+        _placement(["vllm", "serve", "m", "--tokenizer-mode", "mistral"])
 
 
 def test_filter_catalog_keeps_only_the_allowed_functions():

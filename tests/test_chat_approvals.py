@@ -260,7 +260,8 @@ def test_the_middleware_refuses_a_forced_gated_call_before_the_engine(tmp_path, 
 def test_the_middleware_hands_vllm_the_narrowed_allowlist(tmp_path, monkeypatch):
     status, _, forwarded = _through_middleware(tmp_path, monkeypatch, _body("auto"))
     assert status == 200
-    assert forwarded["tools"] == TOOLS and forwarded["tool_choice"] == "auto"
+    from vllm_allowed_tools.request.placement import canonical_tools
+    assert forwarded["tools"] == canonical_tools(TOOLS, "chat") and forwarded["tool_choice"] == "auto"
     assert forwarded[ALLOWLIST_KEY]["allowed"] == [FREE]
     assert TEMPLATE_KWARG not in (forwarded.get("chat_template_kwargs") or {})
 

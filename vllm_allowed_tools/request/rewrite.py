@@ -6,6 +6,7 @@ smuggle in an allowlist or a grammar, is in ``docs/request-path.md``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
@@ -13,11 +14,11 @@ from typing import Any, Mapping
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
+from .placement import TEMPLATE_KWARG, TEMPLATE_VARIABLE, canonical_tools
 from .typed_fields import normalise_fields
 
 #: the body key under which the turn's allowlist travels to our parsers (``request.model_extra``)
 ALLOWLIST_KEY = "vllm_allowed_tools"
-TEMPLATE_KWARG = "allowed_tools_policy"
 WIRE_VERSION = 1
 
 
@@ -67,10 +68,15 @@ class Rewritten:
     original_tool_choice: Any
     changed: bool
     request: dict[str, Any]   # the client's body with its typed fields read as vLLM reads them
+    original_tools: Any = None   # the client's ``tools`` where they were put in canonical form
 
 
-def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
-    """Resolve the allowlist and rewrite the body; raises InvalidSelectionError (a 400) on bad input."""
+def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE_VARIABLE) -> Rewritten:
+    """Resolve the allowlist and rewrite the body; raises InvalidSelectionError (a 400) on bad input.
+
+    ``tools`` go out in canonical form (the stable prompt prefix, whatever order the client sends
+    them in); the policy travels in ``chat_template_kwargs`` where the template reads it
+    (``placement``), otherwise the caller places it last (:func:`.placement.place_policy`)."""
     request = normalise_fields(body, api)
     new = dict(request)
     changed = any(new.get(key) is not body.get(key) for key in new)
@@ -87,15 +93,22 @@ def rewrite_request(body: Mapping[str, Any], api: Api) -> Rewritten:
         changed = True
     allowlist = resolve_allowlist(new, api)
     original = body.get("tool_choice")
+    original_tools = None
+    if isinstance(new.get("tools"), list):
+        tools = canonical_tools(new["tools"], api)
+        if json.dumps(tools) != json.dumps(new["tools"]):   # order matters here, keys included
+            original_tools, new["tools"], changed = body.get("tools"), tools, True
     if allowlist is None or not allowlist.has_allowlist:
-        return Rewritten(new, allowlist, original, changed, request)
+        return Rewritten(new, allowlist, original, changed, request, original_tools)
     new["tool_choice"] = allowlist.internal_tool_choice()
     new[ALLOWLIST_KEY] = allowlist_to_wire(allowlist)
+    if placement != TEMPLATE_VARIABLE:
+        return Rewritten(new, allowlist, original, True, request, original_tools)
     template_kwargs = dict(new.get("chat_template_kwargs") or {})
     template_kwargs[TEMPLATE_KWARG] = {"mode": allowlist.mode,
                                        "names": sorted(allowlist.allowed_flat_names)}
     new["chat_template_kwargs"] = template_kwargs
-    return Rewritten(new, allowlist, original, True, request)
+    return Rewritten(new, allowlist, original, True, request, original_tools)
 
 
 def narrow_allowlist(rewritten: Rewritten, remove: Collection[str]) -> Rewritten:
@@ -145,9 +158,23 @@ def filter_catalog(body: dict[str, Any], allowlist: TurnAllowlist) -> dict[str, 
     return {**body, "tools": kept}
 
 
-def restore_echo(response_object: Any, original_tool_choice: Any) -> Any:
-    """Put the client's own ``tool_choice`` back into a Responses object (it echoes the request)."""
-    if isinstance(response_object, dict) and response_object.get("object") == "response" \
-            and "tool_choice" in response_object:
-        response_object["tool_choice"] = original_tool_choice
+def echo_of(rewritten: Rewritten, api: Api) -> dict[str, Any]:
+    """The request fields a Responses object must echo as the client sent them, not as vLLM saw
+    them: an allowed-tools ``tool_choice`` and ``tools`` put in canonical order."""
+    if api != "responses":
+        return {}
+    echo: dict[str, Any] = {}
+    if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
+        echo["tool_choice"] = rewritten.original_tool_choice
+    if rewritten.original_tools is not None:
+        echo["tools"] = rewritten.original_tools
+    return echo
+
+
+def restore_echo(response_object: Any, echo: Mapping[str, Any]) -> Any:
+    """Put the client's own fields (:func:`echo_of`) back into a Responses object."""
+    if isinstance(response_object, dict) and response_object.get("object") == "response":
+        for key, value in echo.items():
+            if key in response_object:
+                response_object[key] = value
     return response_object

@@ -34,7 +34,7 @@ SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 32768   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
 #: the bundled chat template each of our parsers is served with (falls back to hermes)
 TEMPLATE_FOR_PARSER = {entry.parser_name: entry.template for entry in wire_formats()}
-MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
+from ..vllm_glue.plugin import MIDDLEWARE  # noqa: E402  (no vLLM import: the plugin module is light)
 
 
 class ServeError(RuntimeError):

@@ -120,7 +120,7 @@ class GuardedSend:
     and before any of it goes out (a request vLLM refuses changes nothing); one that fails is
     answered instead of vLLM's answer."""
 
-    def __init__(self, send: Send, api: Api, call_filter: Any, echo: tuple[bool, Any], stop: StopSignal,
+    def __init__(self, send: Send, api: Api, call_filter: Any, echo: dict[str, Any], stop: StopSignal,
                  spec_version: tuple[int, ...], approvals: Any = None,
                  commit: Callable[[], Any] | None = None) -> None:
         self._approvals = approvals
@@ -128,7 +128,7 @@ class GuardedSend:
         self._send = send
         self._api = api
         self._call_filter = call_filter
-        self._restore, self._original = echo
+        self._echo = echo   # Responses fields to echo as the client sent them (restore_echo)
         self._stop = stop
         self._spec_version = spec_version
         self._mode: str | None = None
@@ -206,10 +206,10 @@ class GuardedSend:
         return True
 
     def _responses_stream(self) -> ResponsesStream:
-        """The guard, then the approvals, on one stream that restores the tool_choice echo."""
-        original = self._original
-        stream = ResponsesStream(restore=(lambda response: restore_echo(response, original))
-                                 if self._restore else None)
+        """The guard, then the approvals, on one stream that restores the client's echo."""
+        echo = self._echo
+        stream = ResponsesStream(restore=(lambda response: restore_echo(response, echo))
+                                 if echo else None)
         ResponsesStreamGuard(self._call_filter, stream=stream)
         if self._approvals is not None:
             ApprovalStream(self._approvals, stream=stream)
@@ -254,9 +254,9 @@ class GuardedSend:
                      if isinstance(item, dict) and item.get("type") == "function_call"]
             decisions = await asyncio.to_thread(self._approvals.decide, calls) if calls else {}
             self._approvals.apply_to_response(data, decisions)
-        if self._restore:
-            restore_echo(data, self._original)
-        if self._approvals is not None or self._restore:
+        if self._echo:
+            restore_echo(data, self._echo)
+        if self._approvals is not None or self._echo:
             return json.dumps(data).encode()
         return self._buffer
 

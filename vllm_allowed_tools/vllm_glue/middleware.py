@@ -20,7 +20,8 @@ from ..approvals.chat import ChatApprovals
 from ..approvals.errors import GrantStoreUnavailable
 from ..errors import AllowedToolsError
 from ..metrics import record_fallback
-from ..request.rewrite import Api, filter_catalog, narrow_allowlist, rewrite_request
+from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
+from ..request.rewrite import Api, echo_of, filter_catalog, narrow_allowlist, rewrite_request
 from ..response import AllowedNames, request_tools
 from ..response.asgi import Receive, Scope, Send
 from ..response.sse import SSEEvent
@@ -65,9 +66,11 @@ class AllowedToolsMiddleware:
 
     def __init__(self, app: Any) -> None:
         from .capabilities import activate, check_server_args
+        from .served_template import choose_placement
         # fail at start-up, not per request, when we could not enforce
         self.capabilities = check_server_args(sys.argv)
         activate(self.capabilities)
+        self.placement = choose_placement(sys.argv)   # where the served template takes the policy
         from ..approvals import engine_from_env
         self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
         self.app = app
@@ -111,14 +114,16 @@ class AllowedToolsMiddleware:
         api: Api = route.api   # type: ignore[assignment]
         render = route.decision == "render"
         try:
-            rewritten = rewrite_request(data, api)
+            placement = self._placement_for(data, api)
+            rewritten = rewrite_request(data, api, placement)
             data = rewritten.request
+            _refuse_final_message_continuation(data, rewritten, placement)
             _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,
                                        render=render)
         except AllowedToolsError as exc:
             await _send_json(send, exc.status, exc.to_openai())
             return
-        if self.capabilities.filter_catalog and rewritten.allowlist is not None \
+        if self.placement.filter_catalog and rewritten.allowlist is not None \
                 and rewritten.allowlist.has_allowlist:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
@@ -132,17 +137,31 @@ class AllowedToolsMiddleware:
             if isinstance(approvals, ChatApprovals):   # decided already: the guard is the backstop
                 call_filter = approvals.call_filter(call_filter) if call_filter is not None else None
                 approvals = None
+        rewritten = _with_policy_block(rewritten, api, placement)
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
             scope = dict(scope, headers=with_content_length(list(scope.get("headers", [])), len(body)))
         stop = StopSignal()
-        allowlist = rewritten.allowlist is not None and rewritten.allowlist.has_allowlist
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
-        send = GuardedSend(send, api, call_filter, (api == "responses" and allowlist,
-                                               rewritten.original_tool_choice), stop, spec, approvals,
+        send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec, approvals,
                            commit)
         await self.app(scope, stop.receive(body, receive), send)
+
+    def _placement_for(self, data: dict, api: Api) -> str:
+        """The served template's placement, or that of a template the request brings (vLLM
+        renders with it only under ``--trust-request-chat-template``; otherwise it refuses it)."""
+        template = data.get("chat_template") if api == "chat" else None
+        if not isinstance(template, str) or not self.placement.served \
+                or "--trust-request-chat-template" not in sys.argv:
+            return self.placement.placement
+        result = self.placement.for_request_template(template)
+        if result.placement is None:
+            raise AllowedToolsError(
+                "`chat_template` cannot take the per-turn allowed-tools policy after a stable "
+                f"prompt prefix ({result.explain()}); send a template that can, or none to use "
+                "the server's", param="chat_template", code="unsupported_chat_template")
+        return result.placement
 
     async def _prepare_approvals(self, scope: Scope, send: Send, data: dict, rewritten: Any,
                                  api: Api, render: bool) -> tuple[Any, Any, Any] | None:
@@ -218,6 +237,28 @@ async def _send_direct(send: Send, body: dict, output: list[dict], original_tool
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                             (b"cache-control", b"no-cache")]})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _with_policy_block(rewritten: Any, api: Api, placement: str) -> Any:
+    """The request with the policy block as a message, where the template takes it so; last, after
+    the approvals have read the client's own history."""
+    allowlist = rewritten.allowlist
+    if placement not in (SYSTEM_MESSAGE, LAST_MESSAGE) or allowlist is None \
+            or not allowlist.has_allowlist:
+        return rewritten
+    body = place_policy(rewritten.body, api, placement, allowlist.mode or allowlist.choice,
+                        sorted(allowlist.allowed_flat_names))
+    return replace(rewritten, body=body, changed=True)
+
+
+def _refuse_final_message_continuation(data: dict, rewritten: Any, placement: str) -> None:
+    if placement in (SYSTEM_MESSAGE, LAST_MESSAGE) and data.get("continue_final_message") is True \
+            and rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
+        raise AllowedToolsError(
+            "`continue_final_message` cannot be combined with allowed_tools on this server: the "
+            "served template takes the per-turn policy as a message after the history, so the "
+            "final message would no longer be the last. Send the request without it.",
+            param="continue_final_message", code="unsupported_with_allowed_tools")
 
 
 def _output_filter(rewritten: Any, body: dict, api: Api) -> Any:

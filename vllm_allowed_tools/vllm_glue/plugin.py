@@ -3,22 +3,52 @@
 vLLM calls :func:`register` in every process it starts (API server, engine core, workers), possibly
 several times per process, so it must be idempotent and cheap: it only records lazy parser
 registrations; nothing heavy is imported until a server actually selects one of our parsers.
+
+It also makes ``--tool-call-parser allowed_<base>`` the whole launch: vLLM loads general plugins
+while it builds its command-line parser, before it parses ``sys.argv``, so a server command that
+selects one of our parsers gets ``--middleware`` for our middleware added there (once; an explicit
+``--middleware`` naming it is left alone).
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
+from collections.abc import Sequence
 
 from ..formats import wire_formats
+from .argv import flag_value, flag_values, is_server_command
 
 logger = logging.getLogger(__name__)
 
 PARSERS_MODULE = "vllm_allowed_tools.vllm_glue.parsers"
+MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
+#: parser names (comma-separated) the operator vouches for: their own subclasses of our
+#: ``AllowedToolsMixin`` wrappers, loaded with ``--tool-parser-plugin``
+EXTRA_PARSERS_ENV = "VLLM_ALLOWED_TOOLS_EXTRA_PARSERS"
+
+
+def vouched_parsers(environ: dict[str, str] | None = None) -> set[str]:
+    value = (os.environ if environ is None else environ).get(EXTRA_PARSERS_ENV, "")
+    return {name.strip() for name in value.split(",") if name.strip()}
 
 
 def parser_names() -> list[str]:
     """Our parser names (``allowed_<base>``), one per registered wire format."""
     return [entry.parser_name for entry in wire_formats()]
+
+
+def with_our_middleware(argv: Sequence[str], environ: dict[str, str] | None = None) -> list[str]:
+    """``argv`` plus ``--middleware`` for ours when it is a server command that selects one of our
+    parsers (or a vouched one) and does not name our middleware already."""
+    argv = list(argv)
+    parser = flag_value(argv, "--tool-call-parser")
+    if not is_server_command(argv) or parser is None or MIDDLEWARE in flag_values(argv, "--middleware"):
+        return argv
+    if parser not in parser_names() and parser not in vouched_parsers(environ):
+        return argv
+    return [*argv, "--middleware", MIDDLEWARE]
 
 
 def register() -> None:
@@ -37,3 +67,8 @@ def register() -> None:
             added.append(name)
     if added:
         logger.debug("vllm-allowed-tools: registered parsers %s", ", ".join(added))
+    argv = with_our_middleware(sys.argv)
+    if argv != sys.argv:
+        sys.argv[:] = argv   # read by vLLM's parse_args() after the plugins are loaded
+        logger.info("vllm-allowed-tools: --tool-call-parser %s installs our middleware",
+                    flag_value(argv, "--tool-call-parser"))
