@@ -60,10 +60,9 @@ TURNS = 6
 CATALOG_SIZE = 8
 PLACEMENT_ENV = "VLLM_ALLOWED_TOOLS_PLACEMENT"
 AUTO, FILTER = "auto", "filter-catalog"
-#: our parser for the call format a template's family writes (the prompt does not depend on it)
-_PARSERS = (("qwen3coder", "allowed_qwen3_coder"), ("pythonic", "allowed_pythonic"),
-            ("llama3", "allowed_llama3_json"), ("llama-3", "allowed_llama3_json"),
-            ("mistral", "allowed_mistral"))
+#: the parser every run uses: the prompt does not depend on it, and the tiny tokenizer lacks the
+#: special tokens other families' parsers look up at start (Llama's <|python_tag|>, ...)
+PARSER = "allowed_hermes"
 _CHOSEN = re.compile(r"the per-turn policy goes in by (\S+) \((\w+)\)")
 
 
@@ -226,23 +225,19 @@ def drive(client: Any, root_url: str, transcript: Transcript, run: Run,
     return run
 
 
-def parser_for(template: Path) -> str:
-    stem = template.stem.lower()
-    return next((parser for key, parser in _PARSERS if key in stem), "allowed_hermes")
-
-
 def chosen_placement(log_text: str) -> str | None:
     found = _CHOSEN.findall(log_text)
     return found[-1][0] if found else None
 
 
 def _refusal(log_text: str) -> str:
-    """The line of a failed start that says why (the capability error), else the last line."""
+    """The line of a failed start that says why: the probe's refusal, else the last error raised."""
     lines = [line.strip() for line in log_text.splitlines() if line.strip()]
     for line in reversed(lines):
-        if "CapabilityError" in line or "cannot take the per-turn" in line:
+        if "cannot take the per-turn" in line:
             return line[line.find("the chat template"):] if "the chat template" in line else line
-    return lines[-1] if lines else "(no log)"
+    errors = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)]
+    return errors[-1] if errors else (lines[-1] if lines else "(no log)")
 
 
 def serve_and_drive(model_dir: Path, template: Path, placement: str, transcript: Transcript,
@@ -253,7 +248,7 @@ def serve_and_drive(model_dir: Path, template: Path, placement: str, transcript:
     run = Run(template=template.stem, placement=placement)
     log_path = log_dir / f"{template.stem}.{placement}.log"
     try:
-        server = start_server(model_dir, parser=parser_for(template), chat_template=template,
+        server = start_server(model_dir, parser=PARSER, chat_template=template,
                               log_path=log_path, env={PLACEMENT_ENV: placement}, timeout=600)
     except ServeError:
         run.error = _refusal(log_path.read_text(errors="replace"))
