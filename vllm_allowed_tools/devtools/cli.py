@@ -42,6 +42,9 @@ def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None,
                         help="serve this template file, or `model` for the model folder's own "
                              "(default: the bundled template of --parser)")
+    parser.add_argument("--one-flag", action="store_true",
+                        help="launch as a user would: only --tool-call-parser (the plugin installs "
+                             "its middleware), no backend flag")
     parser.add_argument("--log-file", type=Path, default=None, help="write the server log here")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for health")
     parser.add_argument("vllm_args", nargs=argparse.REMAINDER,
@@ -66,7 +69,8 @@ def cmd_serve_tiny(args: argparse.Namespace) -> int:
     _log(f"starting vllm on {model} (parser {args.parser}) ...")
     server = start_server(model, port=args.port, host=args.host, parser=args.parser,
                           extra_args=_extra(args), log_path=args.log_file, timeout=args.timeout,
-                          vanilla=args.vanilla, chat_template=args.chat_template)
+                          vanilla=args.vanilla, chat_template=args.chat_template,
+                          one_flag=args.one_flag)
     print(server.base_url, flush=True)
     _log(f"healthy; log: {server.log_path}; Ctrl-C stops it")
     try:

@@ -78,16 +78,19 @@ MODEL_TEMPLATE = "model"
 
 def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: str = DEFAULT_PARSER,
                    extra_args: Sequence[str] = (), vanilla: bool = False,
-                   chat_template: str | Path | None = None) -> list[str]:
+                   chat_template: str | Path | None = None, one_flag: bool = False) -> list[str]:
     """``vllm serve`` with the plugin (vLLM's CLI entry, called with this interpreter).
 
     ``chat_template``: None serves the bundled template of ``parser``; a path serves that file;
     :data:`MODEL_TEMPLATE` passes no ``--chat-template`` (the tokenizer's own template).
+    ``one_flag``: the plugin's short launch, ``--tool-call-parser`` alone (no ``--middleware``, no
+    backend flag: the plugin adds what it needs).
 
     ``vanilla`` leaves our middleware out (pair it with a base parser such as ``hermes``): the same
     model and template under plain vLLM, for parity tests and baselines.
     """
-    plugin = [] if vanilla else ["--middleware", MIDDLEWARE]
+    plugin = [] if vanilla or one_flag else ["--middleware", MIDDLEWARE]
+    backend = [] if one_flag else ["--structured-outputs-config.backend", "xgrammar"]
     if chat_template is None:
         chat_template = template_for_parser(parser)
     template = [] if str(chat_template) == MODEL_TEMPLATE else ["--chat-template", str(chat_template)]
@@ -103,7 +106,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN),
         "--enable-auto-tool-choice", "--tool-call-parser", parser,
         *template,
-        "--structured-outputs-config.backend", "xgrammar",
+        *backend,
         "--enable-prompt-tokens-details",
         *plugin,
         *extra_args,
@@ -212,7 +215,7 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
                  parser: str = DEFAULT_PARSER, extra_args: Sequence[str] = (),
                  log_path: Path | None = None, timeout: float = 300.0,
                  env: dict[str, str] | None = None, vanilla: bool = False,
-                 chat_template: str | Path | None = None) -> TinyServer:
+                 chat_template: str | Path | None = None, one_flag: bool = False) -> TinyServer:
     """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError)."""
     from .tiny_model import validate_model_dir
 
@@ -227,7 +230,7 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     environment = server_environment(env)
     environment.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
     process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args, vanilla,
-                                              chat_template),
+                                              chat_template, one_flag),
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env=environment, preexec_fn=_die_with_parent)
     server = TinyServer(process=process, host=host, port=port, log_path=Path(log_path), _log=log)

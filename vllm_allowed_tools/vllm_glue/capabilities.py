@@ -77,7 +77,8 @@ def activate(capabilities: "ServerCapabilities") -> None:
     _ACTIVE_STAGE = capabilities.constraint_stage
     # under vLLM's own logger, so the line shows with vLLM's start-up messages
     logging.getLogger("vllm.allowed_tools").info(
-        "vllm-allowed-tools: allowed-tools grammars are applied by the %s stage", _ACTIVE_STAGE)
+        "vllm-allowed-tools: middleware active for --tool-call-parser %s; allowed-tools grammars are "
+        "applied by the %s stage", flag_value(sys.argv, "--tool-call-parser"), _ACTIVE_STAGE)
 
 
 def active_constraint_stage() -> str:

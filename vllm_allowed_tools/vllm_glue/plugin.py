@@ -69,6 +69,6 @@ def register() -> None:
         logger.debug("vllm-allowed-tools: registered parsers %s", ", ".join(added))
     argv = with_our_middleware(sys.argv)
     if argv != sys.argv:
-        sys.argv[:] = argv   # read by vLLM's parse_args() after the plugins are loaded
-        logger.info("vllm-allowed-tools: --tool-call-parser %s installs our middleware",
-                    flag_value(argv, "--tool-call-parser"))
+        # read by vLLM's parse_args() after the plugins are loaded (vLLM's logging is not set up
+        # yet here: the middleware says it is active when it is built)
+        sys.argv[:] = argv
