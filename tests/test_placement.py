@@ -48,6 +48,12 @@ def test_last_message_extends_the_last_entry_or_adds_one():
     parts = {"role": "user", "content": [{"type": "text", "text": "hi"}]}
     assert place_policy({"messages": [parts]}, "chat", LAST_MESSAGE, "auto", ["a", "b"])["messages"][0] \
         ["content"] == [{"type": "text", "text": "hi"}, {"type": "text", "text": f"\n\n{TEXT}"}]
+    image_last = {"role": "user", "content": [{"type": "input_text", "text": "see"},
+                                              {"type": "input_image", "image_url": "data:,"}]}
+    assert place_policy({"input": [image_last]}, "responses", LAST_MESSAGE, "auto", ["a"])["input"][0] \
+        ["content"][-1] == {"type": "input_text", "text": "\n\nAllowed tools this turn (auto): a"}
+    for bad in ({"messages": {"role": "user"}}, {"messages": "hi"}, {}):   # vLLM refuses these itself
+        assert place_policy(bad, "chat", SYSTEM_MESSAGE, "auto", ["a"]) is bad
     output = {"type": "function_call_output", "call_id": "c", "output": "42"}
     assert place_policy({"input": [output]}, "responses", LAST_MESSAGE, "auto", ["a", "b"])["input"] \
         == [{**output, "output": f"42\n\n{TEXT}"}]

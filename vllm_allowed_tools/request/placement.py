@@ -42,6 +42,9 @@ def place_policy(body: dict[str, Any], api: Api, placement: str, mode: str,
     messages are never mutated). The template-variable placement travels in
     ``chat_template_kwargs`` and the filter fallback has no block: both return ``body``."""
     text = policy_text(mode, names)
+    history_field = body.get("messages" if api == "chat" else "input")
+    if not isinstance(history_field, list) and not (api == "responses" and isinstance(history_field, str)):
+        return body   # not a history vLLM accepts: it answers with its own 400, naming the field
     if placement == SYSTEM_MESSAGE:
         return _with_history(body, api, [*_history(body, api), _system(api, text)])
     if placement == LAST_MESSAGE:
@@ -83,7 +86,8 @@ def _appended(message: Any, api: Api, text: str) -> Any:
     if isinstance(value, str):
         return {**message, field: f"{value}\n\n{text}"}
     if isinstance(value, list) and value and all(isinstance(part, Mapping) for part in value):
-        kind = value[-1].get("type") or "text"
+        kind = "text" if api == "chat" else \
+            "output_text" if message.get("role") == "assistant" else "input_text"
         return {**message, field: [*value, {"type": kind, "text": f"\n\n{text}"}]}
     return message
 
