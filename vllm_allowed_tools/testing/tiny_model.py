@@ -1,6 +1,6 @@
 """Build the tiny offline models the tests and the demo serve (no hub, deterministic from a seed).
 
-Two flavours of one architecture (Qwen2, hidden 128, 2 layers, head_dim 64 which vLLM's CPU
+Three flavours of one architecture (Qwen2, hidden 128, 2 layers, head_dim 64 which vLLM's CPU
 attention supports, 32K positions so a real client's ~20K-token prompt fits):
 
 * ``random``: random weights. An adversary: whatever noise it emits, the contract must hold.
@@ -8,8 +8,13 @@ attention supports, 32K positions so a real client's ~20K-token prompt fits):
   own chat template in which the assistant calls a tool from the prompt's catalog, ignoring the
   turn's policy block. It emits well-formed hermes calls, most of them to tools a 2-of-8 allowlist
   does not allow: that is what makes auto-mode enforcement tests meaningful.
+* ``thinking``: trained like tool-happy, but every assistant turn it writes opens with a short
+  reasoning block, ``<think>\n<a few words>\n</think>\n\n``, then calls (or answers). ``<think>``
+  and ``</think>`` are single added tokens, as in Qwen3, so vLLM's ``qwen3`` reasoning parser (which
+  looks them up in the vocabulary) separates the reasoning; earlier turns are trained as our
+  template renders them, without their reasoning. Serve it with ``--reasoning-parser qwen3``.
 
-Usage: ``python -m vllm_allowed_tools.testing.tiny_model OUT [--flavour random|tool-happy]``.
+Usage: ``python -m vllm_allowed_tools.testing.tiny_model OUT [--flavour random|tool-happy|thinking]``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from typing import Any, Iterator
 from ..devtools.render import load_template, render_chat
 from .tool_pool import POOL, PoolTool, sample_catalog
 
-FLAVOURS = ("random", "tool-happy")
+FLAVOURS = ("random", "tool-happy", "thinking")
+TRAINED_FLAVOURS = ("tool-happy", "thinking")
 BUILDER_VERSION = "3"   # bump when the recipe changes, so cached models are rebuilt
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -46,6 +52,11 @@ TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "700"))
 
 _USER_ASKS = ["Help me with this.", "Can you take care of it?", "Do the next step.", "Go ahead.",
               "What now?", "Please handle my request.", "I need something done.", "Continue."]
+# the thinking flavour's reasoning: a few words before a call or a text (naming no tool: the name is
+# chosen in the call, where its first token is weighted, as for tool-happy)
+_THOUGHTS_BEFORE_CALL = ["A tool can do this.", "Let me use a tool.", "I need to call a tool.",
+                         "The user wants an action.", "I will pick a tool."]
+_THOUGHTS_BEFORE_TEXT = ["The tool answered.", "That worked.", "Nothing more to call."]
 
 
 class TinyModelError(RuntimeError):
@@ -82,8 +93,21 @@ def _conversation(rng: random.Random, catalog: list[PoolTool]) -> tuple[list[dic
     return messages, policy
 
 
-def render_training_text(rng: random.Random, catalog: list[PoolTool]) -> str:
+def _with_reasoning(rng: random.Random, message: dict[str, Any]) -> dict[str, Any]:
+    """The assistant turn the thinking flavour writes: a short reasoning block, then the turn."""
+    if message.get("tool_calls"):
+        # the template puts one newline between content and a call: "</think>\n\n<tool_call>"
+        return {**message, "content": f"<think>\n{rng.choice(_THOUGHTS_BEFORE_CALL)}\n</think>\n"}
+    return {**message, "content": f"<think>\n{rng.choice(_THOUGHTS_BEFORE_TEXT)}\n</think>\n\n"
+                                  f"{message['content']}"}
+
+
+def render_training_text(rng: random.Random, catalog: list[PoolTool], thinking: bool = False) -> str:
+    """One transcript as the template renders it; ``thinking``: its last assistant turn reasons first
+    (the template renders the reasoning of earlier turns nowhere, so they have none)."""
     messages, policy = _conversation(rng, catalog)
+    if thinking:
+        messages[-1] = _with_reasoning(rng, messages[-1])
     tools = [tool.chat_tool() for tool in catalog]
     # The policy block is rendered only at the tail (that is where the server puts it), so render the
     # history with the block and the final assistant turn appended as plain text.
@@ -166,8 +190,10 @@ def _config(tokenizer_dir: Path):
     )
 
 
-def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print) -> dict[str, Any]:
-    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size)."""
+def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
+           thinking: bool = False) -> dict[str, Any]:
+    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size).
+    ``thinking``: earlier turns have no reasoning, so their first token is left out of the loss."""
     import torch
     from tokenizers import Tokenizer
 
@@ -186,14 +212,15 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print) -> dict
         ids_batch, weight_batch = [], []
         for _ in range(batch_size):
             catalog = sample_catalog(rng, k)
-            text = render_training_text(rng, catalog)
+            text = render_training_text(rng, catalog, thinking)
             encoding = tok.encode(text)
             weights = [0.0] * len(encoding.ids)
             spans = list(_assistant_spans(text))
+            unscored = {start for start, _ in spans[:-1]} if thinking else set()
             name_starts = [m.end() for m in re.finditer(r'\{"name": "', text)
                            if any(a <= m.start() < b for a, b in spans)]
             for index, (start, end) in enumerate(encoding.offsets):
-                if any(a <= start < b for a, b in spans):
+                if any(a <= start < b for a, b in spans) and start not in unscored:
                     # the first token of the tool name carries the choice: weight it up
                     weights[index] = 4.0 if any(start <= pos < end for pos in name_starts) else 1.0
             ids_batch.append(encoding.ids)
@@ -251,7 +278,9 @@ def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None =
     staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
     try:
         rng = random.Random(seed)
-        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8))) for _ in range(3000)]
+        thinking = flavour == "thinking"
+        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)), thinking)
+                  for _ in range(3000)]
         corpus += [render_chat([{"role": "user", "content": ask}]) for ask in _USER_ASKS]
         _train_tokenizer(corpus, staging)
         _check_tokenizer_roundtrip(staging, corpus[:50])
@@ -259,9 +288,9 @@ def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None =
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config).float()
         training = None
-        if flavour == "tool-happy":
-            log(f"training the tool-happy model ({steps} steps, seed {seed})")
-            training = _train(model, staging, seed, steps, log=log)
+        if flavour in TRAINED_FLAVOURS:
+            log(f"training the {flavour} model ({steps} steps, seed {seed})")
+            training = _train(model, staging, seed, steps, log=log, thinking=thinking)
         model.save_pretrained(str(staging), safe_serialization=True)
         GenerationConfig(eos_token_id=[config.eos_token_id, config.bos_token_id],
                          pad_token_id=config.pad_token_id).save_pretrained(str(staging))
@@ -305,7 +334,7 @@ def default_cache_dir() -> Path:
 def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None = None,
                  log=print) -> Path:
     """The cached model for (flavour, seed), built if missing or built by an older recipe."""
-    steps = TRAIN_STEPS if flavour == "tool-happy" else 0
+    steps = TRAIN_STEPS if flavour in TRAINED_FLAVOURS else 0
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache_dir / f"{flavour}-seed{seed}"
     try:
@@ -327,10 +356,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavour", choices=FLAVOURS, default="random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
-                        help=f"training steps for tool-happy (default {TRAIN_STEPS})")
+                        help=f"training steps for {' and '.join(TRAINED_FLAVOURS)} (default {TRAIN_STEPS})")
     args = parser.parse_args(argv)
     try:
-        build(args.out, args.flavour, args.seed, args.steps if args.flavour == "tool-happy" else 0)
+        build(args.out, args.flavour, args.seed, args.steps if args.flavour in TRAINED_FLAVOURS else 0)
     except TinyModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
