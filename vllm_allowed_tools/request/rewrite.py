@@ -133,6 +133,39 @@ def narrow_allowlist(rewritten: Rewritten, remove: Collection[str]) -> Rewritten
     return replace(rewritten, body=body, changed=True)
 
 
+#: request fields that ask vLLM for another grammar; a plain request carrying one keeps vLLM's own
+_OTHER_GRAMMARS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
+                   "guided_choice", "guided_grammar")
+
+
+def constrain_to_catalog(rewritten: Rewritten, api: Api) -> Rewritten:
+    """A plain ``auto`` request gets the whole catalog as its wire allowlist: decoding then admits
+    only names the request offers, in every call (vLLM itself constrains names only for
+    ``required``, named choices and ``strict`` tools), while arguments stay as vanilla vLLM leaves
+    them (pinned for strict tools only) and the prompt is untouched. Requests that ask for another
+    grammar (a response format) keep vLLM's; the output guard stays the backstop for them."""
+    allowlist = rewritten.allowlist
+    body = rewritten.body
+    if allowlist is None or allowlist.choice != "auto" or ALLOWLIST_KEY in body \
+            or any(body.get(key) is not None for key in _OTHER_GRAMMARS) or _text_format(body, api):
+        return rewritten
+    callable_ids = frozenset(spec.identity for spec in allowlist.allowed_specs)
+    if not callable_ids:
+        return rewritten
+    catalog_wide = replace(allowlist, choice="allowed", mode="auto", allowed=callable_ids,
+                           allowlist_digest=allowlist_digest("allowed", "auto", callable_ids,
+                                                             allowlist.parallel_tool_calls))
+    return replace(rewritten, body={**body, ALLOWLIST_KEY: allowlist_to_wire(catalog_wide)},
+                   changed=True)
+
+
+def _text_format(body: Mapping[str, Any], api: Api) -> bool:
+    text = body.get("text") if api == "responses" else None
+    kind = text.get("format", {}).get("type") if isinstance(text, Mapping) \
+        and isinstance(text.get("format"), Mapping) else None
+    return kind not in (None, "text")
+
+
 def filter_catalog(body: dict[str, Any], allowlist: TurnAllowlist) -> dict[str, Any]:
     """The compatibility fallback: keep only the allowed function tools (and namespace members) in
     ``tools``; other tool types are left as they are. Opt-in only: it changes the prompt whenever

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from dataclasses import replace
 from typing import Any
@@ -21,7 +22,14 @@ from ..approvals.errors import GrantStoreUnavailable
 from ..errors import AllowedToolsError
 from ..metrics import record_fallback
 from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
-from ..request.rewrite import Api, echo_of, filter_catalog, narrow_allowlist, rewrite_request
+from ..request.rewrite import (
+    Api,
+    constrain_to_catalog,
+    echo_of,
+    filter_catalog,
+    narrow_allowlist,
+    rewrite_request,
+)
 from ..response import AllowedNames, request_tools
 from ..response.asgi import Receive, Scope, Send
 from ..response.sse import SSEEvent
@@ -38,6 +46,21 @@ from .routes import (
 
 #: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
 CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
+
+#: how plain ``auto`` requests decode: ``catalog`` (only the request's own tool names can be
+#: called, the default) or ``vanilla`` (as vLLM decodes them; the output guard still refuses a
+#: name outside the catalog, after the model wrote it)
+PLAIN_DECODING_ENV = "VLLM_ALLOWED_TOOLS_PLAIN_DECODING"
+PLAIN_CATALOG, PLAIN_VANILLA = "catalog", "vanilla"
+
+
+def plain_decoding() -> str:
+    from ..errors import CapabilityError
+    value = os.environ.get(PLAIN_DECODING_ENV, PLAIN_CATALOG).strip().lower() or PLAIN_CATALOG
+    if value not in (PLAIN_CATALOG, PLAIN_VANILLA):
+        raise CapabilityError(f"{PLAIN_DECODING_ENV}={value!r} is not known; set {PLAIN_CATALOG} "
+                              f"(the default) or {PLAIN_VANILLA}", capability="config", status=500)
+    return value
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
@@ -71,6 +94,7 @@ class AllowedToolsMiddleware:
         self.capabilities = check_server_args(sys.argv)
         activate(self.capabilities)
         self.placement = choose_placement(sys.argv)   # where the served template takes the policy
+        self.plain_decoding = plain_decoding()
         from ..approvals import engine_from_env
         self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
         self.app = app
@@ -128,6 +152,8 @@ class AllowedToolsMiddleware:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
         call_filter = _output_filter(rewritten, data, api)
+        if self.plain_decoding == PLAIN_CATALOG:
+            rewritten = constrain_to_catalog(rewritten, api)
         approvals = commit = None
         if self.approvals is not None:
             prepared = await self._prepare_approvals(scope, send, data, rewritten, api, render)
