@@ -21,10 +21,12 @@ token ids the server returns (``return_token_ids``) and the history alone tokeni
 
 * ``ideal``: the cached tokens vLLM should report: whole 32-token blocks of the longest prefix this
   prompt shares with an earlier one of the run, at most ``prompt - 1`` tokens;
-* ``must``: what any placement that keeps the history a stable prefix must let the cache serve: the
-  previous turn's history (its messages, rendered by the template without a generation prompt),
-  cut to what the template itself keeps from one turn to the next (the plain renderings' common
-  prefix), less one token a tokenizer may merge across the boundary, in whole blocks.
+* ``must``: what the start-up probe guarantees the cache can serve, whatever placement it chose:
+  the previous turn's history up to the end of its last message's content (rendered by the server
+  with ``continue_final_message``), cut to what the template itself keeps from one turn to the next
+  (the common prefix of the two plain renderings), less the one token a tokenizer may merge across
+  that boundary, in whole blocks. A ``last-message`` placement puts the policy right there, so the
+  last message's closing markup is not part of it.
 
 Each server is fresh, so everything a run reads from the cache it wrote itself. A template whose
 server does not start (e.g. refused by the probe under ``auto``) is listed with the reason. Progress
@@ -179,11 +181,12 @@ def _blocks(tokens: int) -> int:
     return max(0, tokens) // BLOCK_SIZE * BLOCK_SIZE
 
 
-def _tokenize_chat(root_url: str, messages: list[dict], tools: list[dict], generation: bool) -> list[int]:
+def _tokenize_chat(root_url: str, messages: list[dict], tools: list[dict], generation: bool,
+                   open_end: bool = False) -> list[int]:
     """The server's own rendering and tokenization of a plain conversation (no policy, no request
-    to the engine, so nothing enters the cache)."""
+    to the engine, so nothing enters the cache); ``open_end`` stops at the last message's content."""
     body = {"model": SERVED_MODEL_NAME, "messages": messages, "tools": tools,
-            "add_generation_prompt": generation}
+            "add_generation_prompt": generation, "continue_final_message": open_end}
     request = urllib.request.Request(root_url + "/tokenize", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=120) as response:
@@ -196,7 +199,7 @@ def must_reuse(root_url: str, transcript: Transcript, turn: int) -> int | None:
         return None
     tools = canonical_tools(transcript.tools, "chat")   # as the middleware hands them to vLLM
     previous = transcript.messages(turn - 1)
-    history = _tokenize_chat(root_url, previous, tools, generation=False)
+    history = _tokenize_chat(root_url, previous, tools, generation=False, open_end=True)
     kept = _lcp(_tokenize_chat(root_url, previous, tools, generation=True),
                 _tokenize_chat(root_url, transcript.messages(turn), tools, generation=True))
     return _blocks(min(len(history), kept) - 1)
@@ -305,8 +308,10 @@ def report(argv: Sequence[str], results: list[tuple[Run, Run]], seconds: float) 
              f"{len(results)} templates, {seconds / 60:.1f} min; random tiny model on CPU, "
              f"--block-size {BLOCK_SIZE}; {TURNS} turns, {CATALOG_SIZE} tools, a different allowed "
              "subset each turn (mode auto), max_tokens 1.", "", table(results), ""]
-    lines += ["Every `auto` turn after the first served at least `must` (the previous turn's "
-              "history) and exactly `ideal`." if not notes else "Shortfalls:"]
+    lines += ["Every `auto` turn after the first was served from the cache for at least `must` "
+              "tokens (the previous turn's history, up to the end of its last message) and exactly "
+              "`ideal` (whole blocks of the longest prefix shared with an earlier prompt)."
+              if not notes else "Shortfalls:"]
     lines += [f"- {note}" for note in notes]
     return "\n".join(lines) + "\n"
 
