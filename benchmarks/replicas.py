@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -367,20 +366,21 @@ def cache_summary(rows: list[dict]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ main
 
+AGENTS_HEADER = ("| agents x rounds | requests | elicitations | releases (answer / grant / policy) "
+                 "| double releases | cross-session releases | errors | turn p50 / p95 ms "
+                 "| answer p50 / p95 ms | requests per replica |")
+
+
 def agents_table(figures: AgentFigures) -> str:
     s = figures.summary()
     releases = s["released_by_answer"] + s["released_by_grant"] + s["released_by_policy"]
-    return "\n".join([
-        "| agents x rounds | requests | elicitations | releases (answer / grant / policy) | "
-        "double releases | cross-session releases | errors | turn p50 / p95 ms | "
-        "answer p50 / p95 ms | requests per replica |",
-        "|---|---:|---:|---|---:|---:|---:|---|---|---|",
-        f"| {figures.counts['agents']} x {figures.counts['rounds']} | {s['requests']} | "
-        f"{s['elicitations']} | {releases} ({s['released_by_answer']} / {s['released_by_grant']} / "
-        f"{s['released_by_policy']}) | {s['double_releases']} | {s['cross_session_releases']} | "
-        f"{s['errors']} | {s['turn_p50_ms']} / {s['turn_p95_ms']} | "
-        f"{s['answer_p50_ms']} / {s['answer_p95_ms']} | "
-        + ", ".join(f"{k} {v}" for k, v in s["served_by"].items()) + " |"])
+    row = (f"| {figures.counts['agents']} x {figures.counts['rounds']} | {s['requests']} "
+           f"| {s['elicitations']} | {releases} ({s['released_by_answer']} / "
+           f"{s['released_by_grant']} / {s['released_by_policy']}) | {s['double_releases']} "
+           f"| {s['cross_session_releases']} | {s['errors']} | {s['turn_p50_ms']} / "
+           f"{s['turn_p95_ms']} | {s['answer_p50_ms']} / {s['answer_p95_ms']} | "
+           + ", ".join(f"{k} {v}" for k, v in s["served_by"].items()) + " |")
+    return f"{AGENTS_HEADER}\n|---|---:|---:|---|---:|---:|---:|---|---|---|\n{row}"
 
 
 def cache_table(runs: dict[str, list[dict]]) -> str:
@@ -422,15 +422,18 @@ def main(argv: list[str] | None = None) -> int:
                  for mode in ("roundrobin", "sticky")}
     finally:
         deployment.close()
-    command = " ".join(["python benchmarks/replicas.py", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python benchmarks/replicas.py",
+                        *(argv if argv is not None else sys.argv[1:])])
     report = "\n".join([
         "# Approvals across two vLLM replicas", "", "```bash", command, "```", "",
-        f"{time.strftime('%Y-%m-%d')}, {time.monotonic() - started:.0f} s on a shared 2-core CPU "
-        "machine: two `serve-tiny --flavour random` replicas on one PostgreSQL grant store behind "
-        "HAProxy (round-robin for the agents).", "",
-        "## Concurrent agents (round-robin)", "", agents_table(figures), "",
-        "## Prompt-cache reuse across replicas (one multi-turn session)", "",
-        cache_table(cache), ""])
+        (f"{time.strftime('%Y-%m-%d')}, {time.monotonic() - started:.0f} s on a shared 2-core CPU "
+         "machine: two `serve-tiny --flavour random` replicas, one PostgreSQL grant store, HAProxy "
+         "in front (see the script's docstring for what each figure counts)."), "",
+        "## Concurrent agents through the round-robin proxy", "", agents_table(figures), "",
+        "## Prompt-cache reuse across replicas: one multi-turn session", "",
+        ("Chat Completions, the history kept, a 16-tool catalog; `cached / prompt` is "
+         "`usage.prompt_tokens_details.cached_tokens` / `prompt_tokens` of each turn, the replica "
+         "the proxy's `x-served-by` header."), "", cache_table(cache), ""])
     print(report)
     if figures.problems:
         print("problems:\n" + "\n".join(figures.problems[:20]), file=sys.stderr)

@@ -139,10 +139,10 @@ class ThrowawayProxy:
             shutil.rmtree(folder, ignore_errors=True)
             raise ProxyUnavailable(f"haproxy refused its configuration: "
                                    f"{(check.stderr or check.stdout).strip()[:400]}")
-        log = open(os.path.join(folder, "log"), "w")
-        process = subprocess.Popen([binary, "-db", "-f", config], stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        with open(os.path.join(folder, "log"), "w") as log:
+            process = subprocess.Popen([binary, "-db", "-f", config], stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True)
         proxy = cls(process, port, folder, mode, backends)
         proxy._wait_listening(timeout)
         return proxy
