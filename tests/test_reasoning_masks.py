@@ -3,9 +3,10 @@
 A row whose prompt leaves reasoning open is not masked until its output ends reasoning; its
 matcher then starts at the token vLLM's structured-output manager starts the native stage's
 grammar at: after an explicit ``</think>``, at an implicit end (qwen3's ``<tool_call>``). The gate
-is the real one (``vllm_glue.logits_processor``) over vLLM's own ``qwen3`` (engine-based) and
-``deepseek_r1`` (token-scan) parsers, on the tiny model's tokenizer, which has ``<think>``,
-``</think>`` and ``<tool_call>`` as single tokens.
+is the real one (``vllm_glue.logits_processor``) over vLLM's own parsers for the reasoning models
+agents use (``qwen3``, ``glm45``, ``kimi_k2``, ``minimax_m2``: engine-based; ``deepseek_r1``: a token
+scan), on the tiny model's tokenizer, which has ``<think>``, ``</think>`` and ``<tool_call>`` as
+single tokens.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 torch = pytest.importorskip("torch")
 xgr = pytest.importorskip("xgrammar")
 
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built  # noqa: E402
-from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch  # noqa: E402
-from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args  # noqa: E402
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
+from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
+from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -49,7 +50,7 @@ def _gate(tokenizer, parser: str):
     return _VllmReasoningGate(ReasoningParserManager.get_reasoning_parser(parser)(tokenizer=tokenizer))
 
 
-@pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
+@pytest.fixture(scope="module", params=["qwen3", "deepseek_r1", "glm45", "kimi_k2", "minimax_m2"])
 def gate(request, tokenizer):
     return _gate(tokenizer, request.param)
 
