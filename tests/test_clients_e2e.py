@@ -194,10 +194,12 @@ def check_codex_request_shape(body: dict[str, Any]) -> None:
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("server_name", ["random_server", "vanilla_server"])
+@pytest.mark.parametrize("server_name", ["random_server", "vanilla_server", "happy_server"])
 def test_codex_exec_runs_to_completion(request, server_name, codex_bin, tmp_path):
     """Codex's whole default request is accepted (200) and its stream too, with the plugin exactly
-    as with vanilla vLLM (the random model answers with text, so Codex's run ends after it)."""
+    as with vanilla vLLM, on both tiny flavours: Codex never sends allowed_tools, and a plain
+    ``auto`` turn under the plugin can only call a tool Codex offered (tests/test_catalog_decoding_e2e.py),
+    so its run ends as it does on vanilla vLLM."""
     server = request.getfixturevalue(server_name)
     offset = len(server.log_text())
     started = time.monotonic()
@@ -309,26 +311,3 @@ def test_codex_namespaced_call_round_trip(happy_server, codex_bin, tmp_path):
     calls = [item for item in response.json()["output"] if item["type"] == "function_call"]
     assert [(c.get("namespace"), c["name"]) for c in calls] == [(NAMESPACE, MEMBER)], calls
     assert json.loads(calls[0]["arguments"]) == {"target": PINNED_TARGET}
-
-
-@pytest.mark.server
-@pytest.mark.xfail(strict=False, reason="depends on the tool-happy model sampling a call outside Codex's catalog; on the current build it often answers text instead (seen 4 of 4 runs, also before this change). Catalog-constrained decoding (issue 19) replaces this test.")
-def test_codex_call_outside_its_catalog_is_withheld(happy_server, codex_bin, tmp_path):
-    """Codex's plain ``auto`` request, and a model that calls a tool Codex never offered (the
-    tool-happy model knows only its own pool's names): the call never reaches Codex. The stream
-    ends in ``response.failed`` (HTTP 200, as every stream does) and Codex reports the error."""
-    with Gateway(happy_server.root_url) as gateway:
-        result = run_codex(codex_bin, gateway.base_url, tmp_path, "what is the weather in paris")
-    assert result.returncode != 0, result.stdout
-    assert gateway.exchanges and all(exchange.status == 200 for exchange in gateway.exchanges)
-    offered = {tool["name"] for tool in gateway.exchanges[0].sent["tools"] if "name" in tool}
-    for exchange in gateway.exchanges:
-        events = exchange.events()
-        kinds = [event["type"] for event in events]
-        assert kinds[-1] == "response.failed" and kinds.count("response.failed") == 1, kinds
-        assert events[-1]["response"]["error"]["code"] == "allowed_tools_violation"
-        leaked = [event["item"] for event in events if event["type"].startswith("response.output_item")
-                  and event["item"]["type"] == "function_call"
-                  and event["item"].get("name") not in offered]
-        assert not leaked, leaked
-    assert "allowed_tools_violation" in result.stderr, result.stderr[-3000:]

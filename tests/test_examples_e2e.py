@@ -34,13 +34,16 @@ def test_example_agent_loop(happy_server, name):
 
 
 @pytest.mark.server
-def test_agents_sdk_example(happy_server):
-    """The OpenAI Agents SDK example: allowed_tools rides in ModelSettings.extra_args on every
-    request of each run (follow-ups after a tool result included), and every call the SDK was
-    asked to run went through the dispatch guard and was in that turn's subset."""
+@pytest.mark.parametrize("server_name", ["happy_server", "random_server"])
+def test_agents_sdk_example(request, server_name):
+    """The OpenAI Agents SDK example, on both tiny flavours: allowed_tools rides in
+    ModelSettings.extra_args on every request of each run (follow-ups after a tool result
+    included), every call the SDK was asked to run went through the dispatch guard and was in that
+    turn's subset, and every run finishes."""
+    server = request.getfixturevalue(server_name)
     example = load_example("agents_sdk_agent")
     transcript: list[str] = []
-    records = example.run(happy_server.base_url, out=transcript.append)
+    records = example.run(server.base_url, out=transcript.append)
     print("\n".join(transcript))
 
     assert [r.allowed for r in records] == [t.allowed for t in example.TURNS]
@@ -53,10 +56,11 @@ def test_agents_sdk_example(happy_server):
                                                                            record.tool_choices)
         if record.mode == "required":
             assert record.calls, f"turn {record.index} is required mode but made no call"
-    assert any(len(r.tool_choices) > 1 for r in records), \
-        "no run sent a follow-up request after a tool result (the auto turns should)"
     calls = [(record, call) for record in records for call in record.calls]
-    assert calls, "the tool-happy model should call tools"
+    if server_name == "happy_server":
+        assert any(len(r.tool_choices) > 1 for r in records), \
+            "no run sent a follow-up request after a tool result (the auto turns should)"
+        assert calls, "the tool-happy model should call tools"
     for record, call in calls:
         assert call.name in record.allowed, (record.index, call)
         assert call.ok, (record.index, call)
