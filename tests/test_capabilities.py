@@ -224,3 +224,76 @@ def test_filter_catalog_keeps_only_the_allowed_functions():
     assert [t.get("name") for t in filtered["tools"]] == ["b", None, "crm"]
     assert [m["name"] for m in filtered["tools"][2]["tools"]] == ["d"]
     assert len(body["tools"]) == 4   # the request itself is not modified
+
+
+def test_a_requests_own_template_is_probed_once_and_refused_when_nothing_fits(tiny_model_dir):
+    """With --trust-request-chat-template vLLM renders a request's own `chat_template`: the
+    middleware probes it like the served one (cached by content), so a template that cannot take
+    the policy is refused per request instead of silently losing the policy."""
+    from vllm_allowed_tools.templates import template_path
+    choice = _placement(_serve(tiny_model_dir, template_path("hermes")))
+    assert choice.for_request_template(PLAIN_TEMPLATE).placement == "system-message"
+    assert choice.for_request_template(HOISTING_TEMPLATE).placement == "last-message"
+    refused = choice.for_request_template(USERS_ONLY_TEMPLATE)
+    assert refused.placement is None and "system-message" in refused.explain()
+    assert choice.for_request_template(PLAIN_TEMPLATE) is choice.for_request_template(PLAIN_TEMPLATE)
+
+
+def _post_through_middleware(argv, monkeypatch, body):
+    """One POST /v1/chat/completions through the middleware built for ``argv``; the app records
+    the body it was given. Returns (status, payload, the forwarded body or None)."""
+    import asyncio
+    import json
+    import sys
+
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from vllm_allowed_tools.vllm_glue.middleware import AllowedToolsMiddleware
+    forwarded, sent = [], []
+
+    async def endpoint(request):
+        forwarded.append(await request.json())
+        return JSONResponse({"object": "chat.completion", "choices": []})
+
+    async def receive():
+        return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_CONSTRAINT", "native")
+    middleware = AllowedToolsMiddleware(Starlette(routes=[
+        Route("/v1/chat/completions", endpoint, methods=["POST"])]))
+    path = "/v1/chat/completions"
+    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
+             "root_path": "", "query_string": b"", "asgi": {"spec_version": "2.3"},
+             "headers": [(b"content-type", b"application/json")]}
+    asyncio.run(middleware(scope, receive, send))
+    payload = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    return sent[0]["status"], payload, (forwarded[0] if forwarded else None)
+
+
+def test_the_middleware_places_the_policy_the_probe_chose_and_refuses_unfit_request_templates(
+        tiny_model_dir, tmp_path, monkeypatch):
+    template = tmp_path / "theirs.jinja"
+    template.write_text(PLAIN_TEMPLATE)
+    argv = _serve(tiny_model_dir, template) + ["--trust-request-chat-template"]
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+             for n in ("b", "a")]
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": tools,
+            "tool_choice": {"type": "allowed_tools",
+                            "allowed_tools": {"mode": "auto", "tools": [{"type": "function",
+                                                                         "function": {"name": "a"}}]}}}
+    status, _, forwarded = _post_through_middleware(argv, monkeypatch, body)
+    assert status == 200
+    assert forwarded["messages"][-1] == {"role": "system", "content": "Allowed tools this turn (auto): a"}
+    assert [t["function"]["name"] for t in forwarded["tools"]] == ["a", "b"]
+    assert "allowed_tools_policy" not in (forwarded.get("chat_template_kwargs") or {})
+    status, payload, forwarded = _post_through_middleware(
+        argv, monkeypatch, {**body, "chat_template": USERS_ONLY_TEMPLATE})
+    assert status == 400 and forwarded is None and payload["error"]["param"] == "chat_template"
+    status, _, forwarded = _post_through_middleware(
+        argv, monkeypatch, {**body, "chat_template": HOISTING_TEMPLATE})
+    assert status == 200 and forwarded["messages"][-1]["content"].endswith("Allowed tools this turn (auto): a")
