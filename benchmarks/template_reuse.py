@@ -235,7 +235,8 @@ def chosen_placement(log_text: str) -> str | None:
 
 def _refusal(log_text: str) -> str:
     """The line of a failed start that says why: the probe's refusal, else the last error raised."""
-    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    root = f"{HERE.parent}/"   # the report names corpus files relative to the repository
+    lines = [line.strip().replace(root, "") for line in log_text.splitlines() if line.strip()]
     for line in reversed(lines):
         if "cannot take the per-turn" in line:
             return line[line.find("the chat template"):] if "the chat template" in line else line
