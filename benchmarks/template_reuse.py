@@ -45,9 +45,10 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vllm_allowed_tools.request.placement import canonical_tools
 from vllm_allowed_tools.testing.server import SERVED_MODEL_NAME, ServeError, start_server
@@ -261,7 +262,7 @@ def serve_and_drive(model_dir: Path, template: Path, placement: str, transcript:
         run.chosen = chosen_placement(log_path.read_text(errors="replace"))
         client = OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=300)
         drive(client, server.root_url, transcript, run, filter_catalog=placement == FILTER)
-    except Exception as exc:   # a run that breaks mid-way is reported, the others still run
+    except Exception as exc:   # noqa: BLE001 - a run that breaks mid-way is reported, the others run
         run.error = f"{type(exc).__name__}: {str(exc)[:300]}"
     finally:
         server.stop()
@@ -278,8 +279,8 @@ def _cells(run: Run) -> tuple[str, str]:
 
 
 def table(results: list[tuple[Run, Run]]) -> str:
-    rows = ["| template | placement chosen | cached/prompt, turns 2-6 | reuse | filter-catalog "
-            "cached/prompt, turns 2-6 | filter reuse |", "|---|---|---|---|---|---|"]
+    rows = [("| template | placement chosen | cached/prompt, turns 2-6 | reuse | filter-catalog "
+             "cached/prompt, turns 2-6 | filter reuse |"), "|---|---|---|---|---|---|"]
     for auto, filtered in results:
         chosen = auto.chosen or ("refused" if auto.error else "?")
         auto_cells, auto_reuse = _cells(auto)
@@ -306,9 +307,9 @@ def shortfalls(results: list[tuple[Run, Run]]) -> list[str]:
 def report(argv: Sequence[str], results: list[tuple[Run, Run]], seconds: float) -> str:
     notes = shortfalls(results)
     lines = [f"Command: `{shlex.join(['python', 'benchmarks/template_reuse.py', *argv])}`", "",
-             f"{len(results)} templates, {seconds / 60:.1f} min; random tiny model on CPU, "
-             f"--block-size {BLOCK_SIZE}; {TURNS} turns, {CATALOG_SIZE} tools, a different allowed "
-             "subset each turn (mode auto), max_tokens 1.", "", table(results), ""]
+             (f"{len(results)} templates, {seconds / 60:.1f} min; random tiny model on CPU, "
+              f"--block-size {BLOCK_SIZE}; {TURNS} turns, {CATALOG_SIZE} tools, a different allowed "
+              "subset each turn (mode auto), max_tokens 1."), "", table(results), ""]
     lines += ["Every `auto` turn after the first was served from the cache for at least `must` "
               "tokens (the previous turn's history, up to the end of its last message) and exactly "
               "`ideal` (whole blocks of the longest prefix shared with an earlier prompt)."

@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import load_script
+
 from vllm_allowed_tools.request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, canonical_tools
 from vllm_allowed_tools.request.template_probe import probe_template
 from vllm_allowed_tools.vllm_glue.served_template import ServedTemplate
@@ -115,7 +115,7 @@ def test_every_template_is_sourced_with_the_bytes_it_was_fetched_with() -> None:
     that normalises line endings, e.g. Qwen3's and Kimi K2's CRLF, fails this)."""
     rows = {match.group(1): match.group(2) for match in re.finditer(
         r"^\| `([^`]+)\.jinja` \|.*\| `([0-9a-f]{40})` \|$",
-        (CORPUS / "SOURCES.md").read_text(encoding="utf-8"), re.M)}
+        (CORPUS / "SOURCES.md").read_text(encoding="utf-8"), re.MULTILINE)}
     assert sorted(rows) == TEMPLATES
     changed = {name: blob for name, blob in rows.items()
                if git_blob((CORPUS / f"{name}.jinja").read_bytes()) != blob}
