@@ -75,7 +75,8 @@ def haproxy_config(port: int, backends: Sequence[str], mode: str = "roundrobin",
 
     Long server/client timeouts (a generation may stream for minutes); ``retries`` with
     ``redispatch`` only ever resend a request whose connection was refused, never one a replica
-    accepted."""
+    accepted. No server connection is kept idle for reuse: one to a replica that died would take
+    the next request with it (a 502), where a new connection is refused and goes elsewhere."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     balance = ("balance roundrobin" if mode == "roundrobin" else
@@ -94,6 +95,8 @@ defaults
     timeout http-request 60s
     retries 3
     option redispatch 1
+    option http-server-close
+    http-reuse never
 
 frontend replicas_in
     bind 127.0.0.1:{port}
