@@ -81,13 +81,18 @@ class ResponsesStream:
     """A Responses stream: upstream events go through its steps, then out, numbered and tracked.
 
     ``restore``: applied to the ``response`` object of every event sent (the tool_choice echo).
+    ``conform``: applied to every event sent, closing events included, before ``restore`` (the
+    Open Responses fixer, :func:`~.conformance.conformed_event`); it returns the very event when
+    nothing changes, so an unchanged event keeps its bytes.
     After a step fails it (:meth:`fail`) or a caller ends it (:meth:`terminate`), ``terminal`` is
     True, ``error`` says why, and the stream sends its closing events once.
     """
 
-    def __init__(self, *, restore: Callable[[dict[str, Any]], Any] | None = None) -> None:
+    def __init__(self, *, restore: Callable[[dict[str, Any]], Any] | None = None,
+                 conform: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self.steps: list[Step] = []
         self.restore = restore
+        self.conform = conform
         self.error: Exception | None = None
         self.terminal = False
         self._closed = False
@@ -146,6 +151,11 @@ class ResponsesStream:
             self._snapshot = event["response"]
         event = self._number(event)
         self._track(event)
+        return self._outgoing(event)
+
+    def _outgoing(self, event: dict[str, Any]) -> dict[str, Any]:
+        if self.conform is not None:
+            event = self.conform(event)
         if self.restore is not None and isinstance(event.get("response"), dict):
             event = {**event, "response": self.restore(dict(event["response"]))}
         return event
@@ -238,9 +248,7 @@ class ResponsesStream:
         response["incomplete_details"] = None
         out.append({"type": "response.failed", "sequence_number": self._next_seq(),
                     "response": response})
-        if self.restore is not None:
-            out[-1]["response"] = self.restore(response)
-        return out
+        return [self._outgoing(event) for event in out]
 
 
 def run_sync(steps: Generator[Request, Any, T], answer: Callable[[Request], Any] | None = None) -> T:

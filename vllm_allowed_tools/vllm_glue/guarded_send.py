@@ -29,6 +29,7 @@ from ..response import (
     unreadable_violation,
 )
 from ..response.asgi import Message, Receive, Send
+from ..response.conformance import CheckLog, conformed_event, conformed_response
 
 logger = logging.getLogger("vllm_allowed_tools.vllm_glue.middleware")   # the middleware's log
 
@@ -138,6 +139,8 @@ class GuardedSend:
         self._finished = False
         self._quiet = False     # what the app still sends is dropped without an error
         self._unreadable = ""   # what made a 2xx answer unreadable
+        self._check_log = CheckLog.from_env() if api == "responses" else None   # check mode
+        self._stream_check: Any = None
 
     async def __call__(self, message: Message) -> None:
         if self._finished:
@@ -189,10 +192,14 @@ class GuardedSend:
         """Choose how the answer is guarded; whether its start goes out now."""
         status = start.get("status")
         media, encoded = _media_type(start.get("headers"))
-        if self._call_filter is None or not _is_2xx(status):
-            self._mode = "raw"   # nothing to judge by, or vLLM's own error body: no tool calls in it
+        readable = not encoded and media in ("application/json", "text/event-stream")
+        if not _is_2xx(status) or (self._call_filter is None
+                                   and not (self._api == "responses" and readable)):
+            # vLLM's own error body, or nothing to judge by: no tool calls in it (a Responses
+            # answer still goes through the Open Responses fixer)
+            self._mode = "raw"
             return True
-        if encoded or media not in ("application/json", "text/event-stream"):
+        if not readable:
             self._mode = "unreadable"   # refused at the first body
             self._unreadable = ("an encoded (compressed) body" if encoded else
                                 f"content type {media!r}" if media else "no single content type")
@@ -203,14 +210,18 @@ class GuardedSend:
         self._mode = "sse"
         self._guard = GuardedSSE(self._responses_stream() if self._api == "responses"
                                  else ChatStreamGuard(self._call_filter))
+        if self._check_log is not None:
+            self._stream_check = self._check_log.stream()
         return True
 
     def _responses_stream(self) -> ResponsesStream:
-        """The guard, then the approvals, on one stream that restores the client's echo."""
+        """The guard, then the approvals, on one stream that makes every event it sends conform
+        to Open Responses and restores the client's echo (no guard for a request without tools)."""
         echo = self._echo
         stream = ResponsesStream(restore=(lambda response: restore_echo(response, echo))
-                                 if echo else None)
-        ResponsesStreamGuard(self._call_filter, stream=stream)
+                                 if echo else None, conform=conformed_event)
+        if self._call_filter is not None:
+            ResponsesStreamGuard(self._call_filter, stream=stream)
         if self._approvals is not None:
             ApprovalStream(self._approvals, stream=stream)
         return stream
@@ -240,11 +251,17 @@ class GuardedSend:
             start["status"] = exc.status
             start["headers"] = list(start.get("headers", [])) + error_headers(exc)
         start["headers"] = with_content_length(list(start.get("headers", [])), len(body))
+        if self._check_log is not None and _is_2xx(start.get("status")):
+            self._check_log.unary(body)
         await self._send(start)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _judged_body(self, data: dict[str, Any]) -> bytes:
-        """The unary body to send: checked, gated calls turned into elicitations, echo restored."""
+        """The unary body to send: checked, gated calls turned into elicitations, made to conform
+        to Open Responses, echo restored."""
+        if self._call_filter is None:   # a Responses request without tools: the fixer only
+            conformed = conformed_response(data)
+            return self._buffer if conformed is data else json.dumps(conformed).encode()
         if self._api == "responses":
             check_responses_object(data, self._call_filter)
         else:
@@ -254,10 +271,11 @@ class GuardedSend:
                      if isinstance(item, dict) and item.get("type") == "function_call"]
             decisions = await asyncio.to_thread(self._approvals.decide, calls) if calls else {}
             self._approvals.apply_to_response(data, decisions)
+        conformed = conformed_response(data) if self._api == "responses" else data
         if self._echo:
-            restore_echo(data, self._echo)
-        if self._approvals is not None or self._echo:
-            return json.dumps(data).encode()
+            restore_echo(conformed, self._echo)
+        if self._approvals is not None or self._echo or conformed is not data:
+            return json.dumps(conformed).encode()
         return self._buffer
 
     async def _refuse(self, violation: AllowedToolsViolation, *, stop: bool) -> None:
@@ -290,6 +308,7 @@ class GuardedSend:
         if not more and not self._guard.terminal:
             out += await self._guard.close_async()
         if not self._guard.terminal:
+            self._checked(out, more)
             await self._send({"type": "http.response.body", "body": out, "more_body": more})
             return
         error = self._guard.violation
@@ -304,5 +323,13 @@ class GuardedSend:
         """Send the stream's last bytes; the app hears "client disconnected" (vLLM aborts the
         engine request) and what it still sends is dropped."""
         self._finished = True
+        self._checked(body, False)
         await self._send({"type": "http.response.body", "body": body, "more_body": False})
         self._stop.event.set()
+
+    def _checked(self, body: bytes, more: bool) -> None:
+        """Check mode: the stream's outgoing bytes validated as a client frames them."""
+        if self._stream_check is not None:
+            self._stream_check.feed(body)
+            if not more:
+                self._stream_check.close()

@@ -1,0 +1,366 @@
+"""Open Responses conformance: what the server sends on ``/v1/responses``, checked against the
+published OpenAPI schema (``openresponses/openapi.json``, vendored with its source and licence).
+
+Why a check of our own: vLLM's Responses objects miss fields the schema requires and carry nulls
+where it wants values, and the approvals add an item type (``elicitation``) the schema does not
+know. :func:`check_response` / :func:`check_event` say exactly what does not conform, as readable
+paths (``output[0].content[0].logprobs: None is not of type 'array'``), so the fixer
+(:mod:`.conform`) can be held to it in the tests and in a running server's check mode.
+
+The document is OpenAPI 3.1, whose schemas are JSON Schema 2020-12 (nullable fields are
+``anyOf: [X, {type: null}]``, no 3.0 ``nullable``); ``$ref`` to ``#/components/schemas/...`` are
+resolved inside the document. Two changes are made to a private copy before validating, neither
+loosening what a standard item must be:
+
+- a ``oneOf`` with a ``discriminator`` is validated by dispatching on the discriminator (what
+  OpenAPI means by it), so an error names the field of the branch the object claims to be, not
+  "is not valid under any of the given schemas";
+- an output item of type ``elicitation`` (the approvals proposal's item) is validated against the
+  proposal's own schema (:func:`~vllm_allowed_tools.approvals.elicitation_types.elicitation_schema`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA_FILE = Path(__file__).resolve().parent / "openresponses" / "openapi.json"
+_ROOT = "urn:openresponses:openapi"
+_REF = "#/components/schemas/"
+
+#: the terminal event a response of each status ends its stream with
+TERMINAL_EVENT = {"completed": "response.completed", "incomplete": "response.incomplete",
+                  "failed": "response.failed"}
+TERMINAL_TYPES = frozenset(TERMINAL_EVENT.values())
+#: the status each terminal event's response carries
+TERMINAL_STATUS = {event: status for status, event in TERMINAL_EVENT.items()}
+
+_MESSAGE_LIMIT = 240
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    """The vendored OpenAPI document, as published."""
+    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _prepared() -> dict[str, Any]:
+    """The document with discriminated unions dispatched and the elicitation item added."""
+    from ..approvals.elicitation_types import ELICITATION, elicitation_schema
+    doc = copy.deepcopy(document())
+    schemas = doc["components"]["schemas"]
+    elicitation = {k: v for k, v in elicitation_schema().items() if k != "$schema"}
+    schemas["ItemField"] = _dispatching(schemas["ItemField"], schemas,
+                                        extra={ELICITATION: elicitation})
+    _walk(doc, schemas)
+    return doc
+
+
+def _walk(node: Any, schemas: Mapping[str, Any]) -> None:
+    """Replace every discriminated ``oneOf`` below ``node`` (in place)."""
+    if isinstance(node, list):
+        for child in node:
+            _walk(child, schemas)
+        return
+    if not isinstance(node, dict):
+        return
+    for key, child in list(node.items()):
+        if isinstance(child, dict) and "oneOf" in child and "discriminator" in child:
+            node[key] = child = _dispatching(child, schemas)
+        _walk(child, schemas)
+
+
+def _tag_values(branch: Mapping[str, Any], schemas: Mapping[str, Any], prop: str) -> list[str]:
+    ref = branch.get("$ref", "")
+    target = schemas.get(ref[len(_REF):]) if ref.startswith(_REF) else branch
+    field = (target or {}).get("properties", {}).get(prop, {})
+    values = field.get("enum") or ([field["const"]] if "const" in field else [])
+    return [v for v in values if isinstance(v, str)]
+
+
+def _dispatching(union: Mapping[str, Any], schemas: Mapping[str, Any],
+                 extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``oneOf`` + ``discriminator`` as: the tag must be one of the branches' values, and an
+    object with a tag is validated against that branch alone. A branch whose tag cannot be read
+    leaves the union as it is."""
+    if "discriminator" not in union:
+        return dict(union)
+    prop = union["discriminator"].get("propertyName", "type")
+    branches: list[tuple[str, Mapping[str, Any]]] = []
+    for branch in union.get("oneOf", ()):
+        values = _tag_values(branch, schemas, prop)
+        if not values:
+            return dict(union)
+        branches += [(value, branch) for value in values]
+    branches += list((extra or {}).items())
+    rest = {k: v for k, v in union.items() if k not in ("oneOf", "discriminator")}
+    return {**rest, "type": "object", "required": [prop],
+            "properties": {prop: {"enum": [value for value, _ in branches]}},
+            "allOf": [{"if": {"properties": {prop: {"const": value}}, "required": [prop]},
+                       "then": branch} for value, branch in branches]}
+
+
+@functools.cache
+def event_schemas() -> dict[str, str]:
+    """Streamed event ``type`` -> the component that event must validate against (the union the
+    document gives for ``POST /responses`` ``text/event-stream``)."""
+    content = document()["paths"]["/responses"]["post"]["responses"]["200"]["content"]
+    schemas = document()["components"]["schemas"]
+    out: dict[str, str] = {}
+    for branch in content["text/event-stream"]["schema"]["oneOf"]:
+        name = branch["$ref"][len(_REF):]
+        for value in _tag_values(branch, schemas, "type"):
+            out[value] = name
+    return out
+
+
+@functools.cache
+def _validator(component: str) -> Any:
+    from jsonschema import Draft202012Validator
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012
+    registry = Registry().with_resource(_ROOT, DRAFT202012.create_resource(_prepared()))
+    return Draft202012Validator({"$ref": f"{_ROOT}{_REF}{component}"}, registry=registry)
+
+
+def check(instance: Any, component: str) -> list[str]:
+    """What in ``instance`` does not conform to the component schema ``component``: one readable
+    line per problem (``path: why``), in path order; empty when it conforms."""
+    errors = _validator(component).iter_errors(instance)
+    lines: list[str] = []
+    for error in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path]):
+        lines += _describe(error)
+    return list(dict.fromkeys(lines))
+
+
+def _describe(error: Any) -> list[str]:
+    """An ``anyOf`` / ``oneOf`` failure is described by the branch the value was meant for: the
+    ``null`` branch of a nullable field is ignored, and when what is left failed in one branch its
+    own errors are the description."""
+    if error.validator in ("anyOf", "oneOf") and error.context:
+        meant = [e for e in error.context
+                 if not (e.validator == "type" and e.validator_value == "null")]
+        branches = {e.relative_schema_path[0] for e in meant if e.relative_schema_path}
+        if meant and len(branches) == 1:
+            return [line for sub in meant for line in _describe(sub)]
+    message = error.message
+    if len(message) > _MESSAGE_LIMIT:
+        message = message[:_MESSAGE_LIMIT] + "..."
+    return [f"{format_path(error.absolute_path)}: {message}"]
+
+
+def format_path(parts: Iterable[Any]) -> str:
+    """``output[0].content[1].text``; ``(root)`` for the object itself."""
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(root)"
+
+
+def check_response(response: Any) -> list[str]:
+    """A Responses object (a unary answer, or the ``response`` of an event)."""
+    return check(response, "ResponseResource")
+
+
+def check_event(event: Any) -> list[str]:
+    """A streamed Responses event: its own schema (chosen by its ``type``), and for a terminal
+    event, that it is the one its response's ``status`` ends with."""
+    if not isinstance(event, Mapping):
+        return [f"(root): {event!r} is not an object"]
+    kind = event.get("type")
+    component = event_schemas().get(kind) if isinstance(kind, str) else None
+    if component is None:
+        return [f"type: {kind!r} is not an Open Responses streaming event type"]
+    problems = check(event, component)
+    response = event.get("response")
+    if kind in TERMINAL_TYPES and isinstance(response, Mapping) \
+            and response.get("status") != TERMINAL_STATUS[kind]:
+        problems.append(f"response.status: {response.get('status')!r} ends the stream with "
+                        f"{kind} (a response of that status ends with "
+                        f"{TERMINAL_EVENT.get(response.get('status'), 'no terminal event')})")
+    return problems
+
+
+def check_stream(events: Iterable[Any]) -> list[str]:
+    """Every event of a whole stream (problems prefixed by the event's position), and that the
+    stream ends with exactly one terminal event, last."""
+    problems: list[str] = []
+    terminals: list[int] = []
+    count = 0
+    for index, event in enumerate(events):
+        count = index + 1
+        problems += [f"event {index}: {problem}" for problem in check_event(event)]
+        if isinstance(event, Mapping) and event.get("type") in TERMINAL_TYPES:
+            terminals.append(index)
+    if terminals != [count - 1]:
+        problems.append(f"stream: terminal events at {terminals} of {count} events "
+                        "(expected exactly one, last)")
+    return problems
+
+
+# -- making what vLLM sends conform (never in place: an unchanged event keeps its bytes)
+
+#: the request-echo fields vLLM 0.32 leaves out, and what they are when it does: the response
+#: is not stored (this server refuses the retrieve routes), no safety identifier or cache key was
+#: echoed (``restore_echo`` puts the client's own back where the middleware knows it)
+_MISSING = {"error": None, "store": False, "safety_identifier": None, "prompt_cache_key": None}
+_DEFAULT_TEXT = {"format": {"type": "text"}}
+
+
+def conformed_response(response: Any, *, now: Callable[[], float] = time.time) -> Any:
+    """``response`` as the schema wants it (the same object when it already is): the fields vLLM
+    omits added, ``completed_at`` the time a ``completed`` response is sent (else null), a null
+    ``text`` the default text format, a null ``top_logprobs`` 0, and its output items conformed."""
+    if not isinstance(response, dict) or response.get("object") != "response":
+        return response
+    fixed: dict[str, Any] = {}
+    if "completed_at" not in response:
+        fixed["completed_at"] = int(now()) if response.get("status") == "completed" else None
+    fixed.update({key: value for key, value in _MISSING.items() if key not in response})
+    if response.get("text", _DEFAULT_TEXT) is None:
+        fixed["text"] = copy.deepcopy(_DEFAULT_TEXT)
+    if response.get("top_logprobs", 0) is None:
+        fixed["top_logprobs"] = 0
+    output = response.get("output")
+    if isinstance(output, list):
+        items = [conformed_item(item) for item in output]
+        if any(new is not old for new, old in zip(items, output)):
+            fixed["output"] = items
+    return {**response, **fixed} if fixed else response
+
+
+def conformed_item(item: Any) -> Any:
+    """An output item: a message's null ``phase`` left out (it is optional, and never null), and
+    its content parts conformed."""
+    if not isinstance(item, dict) or item.get("type") != "message":
+        return item
+    new = {k: v for k, v in item.items() if k != "phase"} if item.get("phase", "") is None else item
+    content = item.get("content")
+    if isinstance(content, list):
+        parts = [conformed_part(part) for part in content]
+        if any(p is not q for p, q in zip(parts, content)):
+            new = {**new, "content": parts}
+    return new
+
+
+def conformed_part(part: Any) -> Any:
+    """A content part: a null ``logprobs`` left out (optional since 2026-04-24, never null)."""
+    if isinstance(part, dict) and "logprobs" in part and part["logprobs"] is None:
+        return {k: v for k, v in part.items() if k != "logprobs"}
+    return part
+
+
+def conformed_event(event: Any, *, now: Callable[[], float] = time.time) -> Any:
+    """A streamed event as the schema wants it (the same object when it already is): its
+    ``response``, ``item`` and ``part`` conformed, a null ``logprobs`` left out, and a terminal
+    event renamed to the one its response's status ends with (vLLM ends an ``incomplete``
+    response with ``response.completed``)."""
+    if not isinstance(event, dict):
+        return event
+    fixed: dict[str, Any] = {}
+    response = conformed_response(event.get("response"), now=now)
+    if response is not event.get("response"):
+        fixed["response"] = response
+    kind = event.get("type")
+    if kind in TERMINAL_TYPES and isinstance(response, dict):
+        wanted = TERMINAL_EVENT.get(response.get("status"))
+        if wanted is not None and wanted != kind:
+            fixed["type"] = wanted
+    for key, conform in (("item", conformed_item), ("part", conformed_part)):
+        value = conform(event.get(key))
+        if value is not event.get(key):
+            fixed[key] = value
+    new = {**event, **fixed} if fixed else event
+    if "logprobs" in new and new["logprobs"] is None:
+        new = {k: v for k, v in new.items() if k != "logprobs"}
+    return new
+
+
+# -- the check mode: a running server validates what it sends (the e2e suite turns it on)
+
+#: a file path: every outgoing Responses object and event is validated after all rewriting, one
+#: JSON line each (``problems`` empty when it conforms) appended to that file
+CHECK_LOG_ENV = "VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG"
+
+
+class CheckLog:
+    """Appends one JSON line per validated object or event: ``{"kind", "type", "problems",
+    "pid"}``. Lines are written with one ``write`` in append mode, so several servers may share a
+    file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CheckLog | None:
+        path = (os.environ if environ is None else environ).get(CHECK_LOG_ENV)
+        return cls(path) if path else None
+
+    def record(self, kind: str, name: Any, problems: list[str]) -> None:
+        line = json.dumps({"kind": kind, "type": name, "problems": problems, "pid": os.getpid()})
+        with open(self.path, "a", encoding="utf-8") as log:
+            log.write(line + "\n")
+
+    def unary(self, body: bytes) -> None:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        self.record("object", "response", check_response(data))
+
+    def stream(self) -> StreamCheck:
+        return StreamCheck(self)
+
+
+class StreamCheck:
+    """The events of one outgoing stream, as a client frames them: each validated, and the
+    stream's end checked (exactly one terminal event, last)."""
+
+    def __init__(self, log: CheckLog) -> None:
+        from .sse import SSEFramer
+        self._log = log
+        self._framer = SSEFramer()
+        self._last: Any = None
+        self._terminals = 0
+
+    def feed(self, chunk: bytes) -> None:
+        for frame in self._framer.feed(chunk):
+            if frame.data is None or frame.data == "[DONE]":
+                continue
+            event = frame.json()
+            problems = check_event(event)
+            name = event.get("type") if isinstance(event, Mapping) else None
+            if frame.event not in (None, name):
+                problems.append(f"(sse): event name {frame.event!r} differs from type {name!r}")
+            if name in TERMINAL_TYPES:
+                self._terminals += 1
+            self._last = name
+            self._log.record("event", name, problems)
+
+    def close(self) -> None:
+        """The stream ended as the server meant it (not at a client that left)."""
+        self.feed(b"")
+        if self._last is not None and (self._last not in TERMINAL_TYPES or self._terminals != 1):
+            self._log.record("stream", self._last, [
+                f"stream: {self._terminals} terminal events, the last event is {self._last!r} "
+                "(expected exactly one terminal event, last)"])
+
+
+def read_check_log(path: str | Path) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """(how many of each kind were validated, the records with problems) of a check-mode file."""
+    counts: dict[str, int] = {}
+    failures: list[dict[str, Any]] = []
+    file = Path(path)
+    for line in file.read_text(encoding="utf-8").splitlines() if file.exists() else ():
+        record = json.loads(line)
+        counts[record["kind"]] = counts.get(record["kind"], 0) + 1
+        if record["problems"]:
+            failures.append(record)
+    return counts, failures
