@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_allowed_tools.request.placement import canonical_tools
+from vllm_allowed_tools.request.template_probe import common_prefix_length
 from vllm_allowed_tools.testing.server import SERVED_MODEL_NAME, ServeError, start_server
 from vllm_allowed_tools.testing.tiny_model import ensure_model
 from vllm_allowed_tools.testing.tool_pool import POOL
@@ -169,15 +170,6 @@ class Run:
         return all(turn.must is None or turn.cached_tokens >= turn.must for turn in self.turns)
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    count = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        count += 1
-    return count
-
-
 def _blocks(tokens: int) -> int:
     return max(0, tokens) // BLOCK_SIZE * BLOCK_SIZE
 
@@ -201,7 +193,7 @@ def must_reuse(root_url: str, transcript: Transcript, turn: int) -> int | None:
     tools = canonical_tools(transcript.tools, "chat")   # as the middleware hands them to vLLM
     previous = transcript.messages(turn - 1)
     history = _tokenize_chat(root_url, previous, tools, generation=False, open_end=True)
-    kept = _lcp(_tokenize_chat(root_url, previous, tools, generation=True),
+    kept = common_prefix_length(_tokenize_chat(root_url, previous, tools, generation=True),
                 _tokenize_chat(root_url, transcript.messages(turn), tools, generation=True))
     return _blocks(min(len(history), kept) - 1)
 
@@ -220,7 +212,7 @@ def drive(client: Any, root_url: str, transcript: Transcript, run: Run,
         usage = reply.usage
         details = usage.prompt_tokens_details
         cached = (details.cached_tokens if details else 0) or 0
-        shared = max((_lcp(ids, old) for old in earlier), default=0)
+        shared = max((common_prefix_length(ids, old) for old in earlier), default=0)
         earlier.append(ids)
         run.turns.append(Turn(turn=turn, allowed=list(allowed), prompt_tokens=usage.prompt_tokens,
                               cached_tokens=cached,

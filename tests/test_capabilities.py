@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 
 from vllm_allowed_tools.errors import CapabilityError
-from vllm_allowed_tools.vllm_glue.capabilities import (ServerCapabilities, check_server_args,
-                                                       structured_output_backend)
+from vllm_allowed_tools.vllm_glue.capabilities import (
+    ServerCapabilities,
+    check_server_args,
+    structured_output_backend,
+)
 
 BASE = ["vllm", "serve", "m", "--tool-call-parser", "allowed_hermes"]
 NATIVE = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}

@@ -37,6 +37,7 @@ from typing import Any
 import jinja2
 
 from ..formats import wire_formats
+from ..request.template_probe import common_prefix_length
 from .render import render_chat
 
 __all__ = [
@@ -208,21 +209,13 @@ def _first_token_at(offsets: Sequence[tuple[int, int]], char: int) -> int:
     return len(offsets)
 
 
-def _common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
-    n = min(len(a), len(b))
-    for index in range(n):
-        if a[index] != b[index]:
-            return index
-    return n
-
-
 def compare_texts(text_a: str, text_b: str, tokenizer: _Tokenizer, template: str) -> PrefixReport:
     """Token-level LCP of two rendered prompts, with the policy blocks located."""
     ids_a, offsets_a = tokenizer.encode(text_a)
     ids_b, offsets_b = tokenizer.encode(text_b)
-    lcp = _common_prefix(ids_a, ids_b)
+    lcp = common_prefix_length(ids_a, ids_b)
     lcp_char_end = offsets_a[lcp - 1][1] if lcp else 0
-    first_diff = _common_prefix(text_a, text_b)
+    first_diff = common_prefix_length(text_a, text_b)
     block_a = policy_block_offset(text_a, template)
     block_b = policy_block_offset(text_b, template)
     token_a = None if block_a is None else _first_token_at(offsets_a, block_a)

@@ -7,9 +7,9 @@ smuggle in an allowlist or a grammar, is in ``docs/request-path.md``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
@@ -48,7 +48,7 @@ class WireAllowlist:
     allowlist_digest: str
 
     @classmethod
-    def from_wire(cls, data: Any) -> "WireAllowlist | None":
+    def from_wire(cls, data: Any) -> WireAllowlist | None:
         if not isinstance(data, Mapping) or data.get("v") != WIRE_VERSION:
             return None
         return cls(mode=str(data["mode"]), allowed=frozenset(data["allowed"]),

@@ -85,7 +85,8 @@ def _prompt(render: Render, history: list[dict[str, Any]], placement: str, subse
     return render(body["messages"], canonical_tools(tools or PROBE_TOOLS, "chat"), variables)
 
 
-def _common_tokens(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix_length(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many leading items (tokens, characters) two sequences share."""
     count = 0
     for x, y in zip(a, b):
         if x != y:
@@ -102,7 +103,7 @@ def _shares_history(first: str, second: str, cut: int, tokenize: Tokenize | None
     if tokenize is None:
         return True
     history_tokens = len(tokenize(first[:cut]))
-    return _common_tokens(tokenize(first), tokenize(second)) >= history_tokens - 1
+    return common_prefix_length(tokenize(first), tokenize(second)) >= history_tokens - 1
 
 
 def check_placement(render: Render, placement: str, tokenize: Tokenize | None = None) -> str | None:
@@ -115,7 +116,7 @@ def check_placement(render: Render, placement: str, tokenize: Tokenize | None = 
         prompt_b = _prompt(render, history, placement, SUBSET_B)
         next_turn = _prompt(render, probe_history(2), placement, SUBSET_B)
         reordered = _prompt(render, history, placement, SUBSET_A, tools=PROBE_TOOLS[::-1])
-    except Exception as exc:   # a template raises what it likes (TemplateError, TypeError, ...)
+    except Exception as exc:  # noqa: BLE001 - a template raises what it likes (TemplateError, TypeError, ...)
         return f"rendering failed: {type(exc).__name__}: {exc}"
     # the history is what the template renders of it (some drop a system message, for one)
     position = 0

@@ -22,8 +22,6 @@ from .argv import flag_value, is_server_command
 from .plugin import parser_names, vouched_parsers
 
 
-
-
 @dataclass(frozen=True)
 class ServerCapabilities:
     constraint_stage: str           # who applies the grammar: native or logits-processor
@@ -70,7 +68,7 @@ def _on_cpu(environ: dict[str, str]) -> bool:
 _ACTIVE_STAGE: str | None = None
 
 
-def activate(capabilities: "ServerCapabilities") -> None:
+def activate(capabilities: ServerCapabilities) -> None:
     """Record the stage this API server process serves with (the middleware does, at start-up);
     the parser wrappers, built by vLLM without arguments, read it back."""
     global _ACTIVE_STAGE

@@ -13,10 +13,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import CapabilityError
 from ..request.placement import FILTER_CATALOG, PLACEMENTS, PROBE_ORDER
@@ -53,7 +53,7 @@ class ServedTemplate:
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def with_text(self, text: str, origin: str) -> "ServedTemplate":
+    def with_text(self, text: str, origin: str) -> ServedTemplate:
         return ServedTemplate(origin=origin, text=text, tokenizer=self.tokenizer)
 
 
