@@ -11,13 +11,17 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from vllm_allowed_tools.response.conformance import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
 
 _RUNNING: list[ServeTinyProcess] = []
+_CONFORMANCE = pytest.StashKey[tuple]()
+_CREATED = pytest.StashKey[str]()
 
 
 def start_cli_server(flavour: str, extra_args: list[str] | None = None,
@@ -89,9 +93,41 @@ def pytest_runtest_makereport(item, call):
                                         server.log_tail()))
 
 
+def pytest_sessionstart(session):
+    """Open Responses check mode for every server this session starts (``server_environment``
+    passes it on): each one validates every Responses object and event it sends into one file."""
+    if not os.environ.get(CHECK_LOG_ENV):
+        handle, path = tempfile.mkstemp(prefix="vat-conformance-", suffix=".jsonl")
+        os.close(handle)
+        os.environ[CHECK_LOG_ENV] = path
+        session.config.stash[_CREATED] = path
+
+
 def pytest_sessionfinish(session, exitstatus):
     for server in list(_RUNNING):
         stop_cli_server(server)
+    # the servers' records only: an in-process middleware test answers with a fake app's bodies
+    counts, failures = read_check_log(os.environ[CHECK_LOG_ENV], exclude_pid=os.getpid())
+    session.config.stash[_CONFORMANCE] = (counts, failures)
+    created = session.config.stash.get(_CREATED, None)
+    if created and not counts:   # no server answered on /v1/responses: nothing to keep
+        Path(created).unlink(missing_ok=True)
+    if failures and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Every Responses answer the servers sent was validated: the count, and each failure."""
+    counts, failures = config.stash.get(_CONFORMANCE, ({}, []))
+    if not counts:
+        return
+    terminalreporter.write_line(
+        f"Open Responses conformance: {counts.get('object', 0)} objects and "
+        f"{counts.get('event', 0)} streamed events validated, {len(failures)} failing "
+        f"({os.environ[CHECK_LOG_ENV]})", red=bool(failures), green=not failures)
+    for record in failures[:50]:
+        terminalreporter.write_line(f"  {record['kind']} {record['type']}: "
+                                    + "; ".join(record["problems"]), red=True)
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

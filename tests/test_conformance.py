@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -205,6 +206,9 @@ def test_check_log_records_every_object_and_event(tmp_path: Path) -> None:
     assert lines[0]["kind"] == "object" and VLLM_GAPS <= set(lines[0]["problems"])
     assert [line["type"] for line in lines[1:]] == [e["type"] for e in events_of(raw)]
     assert all(line["problems"] for line in lines[1:] if line["type"] == "response.completed")
+    counts, failures = c.read_check_log(tmp_path / "conf.jsonl")
+    assert counts == {"object": 1, "event": len(lines) - 1} and failures[0] == lines[0]
+    assert c.read_check_log(tmp_path / "conf.jsonl", exclude_pid=os.getpid()) == ({}, [])
 
 
 def test_check_log_reports_a_stream_without_its_terminal_event(tmp_path: Path) -> None:

@@ -69,6 +69,11 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # random weights pad JSON with whitespace until max_tokens; real models need at most a little
     env.setdefault("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", "1")
+    # the test session's Open Responses check mode (tests/conftest.py) reaches every server it
+    # starts, also one started with an environment of its own
+    check_log = os.environ.get("VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG")
+    if check_log:
+        env.setdefault("VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG", check_log)
     return env
 
 
