@@ -221,3 +221,10 @@ def test_check_log_reports_a_stream_without_its_terminal_event(tmp_path: Path) -
     lines = [json.loads(line) for line in (tmp_path / "conf.jsonl").read_text().splitlines()]
     assert all(not line["problems"] for line in lines[:-1])
     assert lines[-1]["kind"] == "stream" and "terminal" in lines[-1]["problems"][0]
+
+
+def test_openai_reasoning_event_names_are_validated_as_their_open_responses_twins() -> None:
+    delta = {"type": "response.reasoning_text.delta", "sequence_number": 4, "item_id": "rs_1",
+             "output_index": 0, "content_index": 0, "delta": "hmm"}
+    assert c.check_event(delta) == []
+    assert c.check_event({**delta, "delta": None}) == ["delta: None is not of type 'string'"]

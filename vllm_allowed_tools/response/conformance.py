@@ -43,6 +43,13 @@ TERMINAL_STATUS = {event: status for status, event in TERMINAL_EVENT.items()}
 
 _MESSAGE_LIMIT = 240
 
+#: OpenAI's names for events Open Responses names differently, with the same fields. vLLM sends the
+#: OpenAI names, and OpenAI clients (the SDKs, Codex) know only those, so they are kept; such an
+#: event is validated against the schema of its Open Responses name (a known, documented deviation
+#: of the event name only; renaming would break every OpenAI client's reasoning display).
+OPENAI_EVENT_ALIASES = {"response.reasoning_text.delta": "response.reasoning.delta",
+                        "response.reasoning_text.done": "response.reasoning.done"}
+
 
 @functools.cache
 def document() -> dict[str, Any]:
@@ -175,10 +182,11 @@ def check_event(event: Any) -> list[str]:
     if not isinstance(event, Mapping):
         return [f"(root): {event!r} is not an object"]
     kind = event.get("type")
-    component = event_schemas().get(kind) if isinstance(kind, str) else None
+    alias = OPENAI_EVENT_ALIASES.get(kind) if isinstance(kind, str) else None
+    component = event_schemas().get(alias or kind) if isinstance(kind, str) else None
     if component is None:
         return [f"type: {kind!r} is not an Open Responses streaming event type"]
-    problems = check(event, component)
+    problems = check({**event, "type": alias} if alias else event, component)
     response = event.get("response")
     if kind in TERMINAL_TYPES and isinstance(response, Mapping) \
             and response.get("status") != TERMINAL_STATUS[kind]:
