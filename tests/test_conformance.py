@@ -228,3 +228,14 @@ def test_openai_reasoning_event_names_are_validated_as_their_open_responses_twin
              "output_index": 0, "content_index": 0, "delta": "hmm"}
     assert c.check_event(delta) == []
     assert c.check_event({**delta, "delta": None}) == ["delta: None is not of type 'string'"]
+
+
+def test_namespace_and_custom_tools_in_the_echo_are_a_documented_deviation() -> None:
+    response = c.conformed_response(load("responses_unary_single")["body"])
+    namespace = {"type": "namespace", "name": "crm", "tools": []}
+    assert c.check_response({**response, "tools": [*response["tools"], namespace]}) == []
+    assert c.check_response({**response, "tools": [{"type": "magic"}]}) == [
+        "tools[0].type: 'magic' is not one of ['function']"]
+    event = {"type": "response.created", "sequence_number": 0,
+             "response": {**response, "tools": [namespace], "status": "in_progress"}}
+    assert c.check_event(event) == []
