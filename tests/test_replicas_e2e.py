@@ -74,8 +74,21 @@ def _post(url: str, session: str, body: dict) -> httpx.Response:
     return httpx.post(url + "/responses", json=body, headers=_bench().headers(session), timeout=120)
 
 
+def _post_retrying(url: str, session: str, body: dict) -> httpx.Response:
+    """As a client does (the openai SDK retries a 502 by default): until the proxy stops picking a
+    dead replica. A replica that is still dying can accept a connection and reset it, which
+    HAProxy answers with a 502 (it never resends a request a replica accepted); its health check
+    takes the replica out within two seconds."""
+    for _ in range(20):
+        response = _post(url, session, body)
+        if response.status_code != 502:
+            return response
+        time.sleep(0.5)
+    return response
+
+
 def _output(url: str, session: str, body: dict) -> list[dict]:
-    response = _post(url, session, body)
+    response = _post_retrying(url, session, body)
     assert response.status_code == 200, response.text
     return response.json()["output"]
 
@@ -257,8 +270,8 @@ def test_a_sigkilled_replica_loses_nothing_acknowledged_and_releases_nothing_twi
     assert len(_grants_from(store, asked[3]["id"])) == (after_kill[3] == "accepted")
     for _ in range(2):   # retries through the proxy reach A: the same call, never a second grant
         for elicitation, session in zip(asked, sessions):
-            response = _post(proxy, session, _turn(session, *_accept(elicitation, f"er-{session}",
-                                                                     "session")))
+            response = _post_retrying(proxy, session, _turn(
+                session, *_accept(elicitation, f"er-{session}", "session")))
             assert response.status_code == 200 and response.headers[SERVED_BY_HEADER] == "r0"
             assert _calls(response.json()["output"]) == _released(elicitation)
             assert len(_grants_from(store, elicitation["id"])) == 1
