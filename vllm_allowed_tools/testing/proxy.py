@@ -14,8 +14,9 @@ without the header is balanced round-robin. Every answer names the replica that 
 through as they are written: HAProxy forwards HTTP bodies without buffering them.
 
 A replica that refuses connections (stopped, killed) is taken out by the health check (``GET
-/health`` every second) and, until then, a request it refuses is sent to another replica; a request
-a replica accepted is never resent (it may have changed something).
+/health`` every second, out after two failures) and, until then, a request it refuses is sent to
+another replica. A request a replica accepted is never resent (it may have changed something): one
+it dies with, or one a dying replica accepts and resets, gets a 502, which clients retry.
 
 Raises :class:`ProxyUnavailable` with the reason when there is no ``haproxy`` binary (Debian:
 ``apt-get install haproxy``) or it does not start.
