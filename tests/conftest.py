@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.response.conformance import CHECK_LOG_ENV, read_check_log
+from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
 
 _RUNNING: list[ServeTinyProcess] = []

@@ -20,6 +20,7 @@ import pytest
 from vllm_allowed_tools.approvals.elicitation_types import validate_elicitation
 from vllm_allowed_tools.response import GuardedSSE, ResponsesStream, ResponsesStreamGuard
 from vllm_allowed_tools.response import conformance as c
+from vllm_allowed_tools.response import conformance_check as checks
 from vllm_allowed_tools.response.calls import AllowedNames
 from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
@@ -194,8 +195,8 @@ def test_a_stream_ended_early_sends_a_conforming_failed_event() -> None:
 # -- the check mode
 
 def test_check_log_records_every_object_and_event(tmp_path: Path) -> None:
-    log = c.CheckLog.from_env({c.CHECK_LOG_ENV: str(tmp_path / "conf.jsonl")})
-    assert log is not None and c.CheckLog.from_env({}) is None
+    log = checks.CheckLog.from_env({checks.CHECK_LOG_ENV: str(tmp_path / "conf.jsonl")})
+    assert log is not None and checks.CheckLog.from_env({}) is None
     log.unary(json.dumps(load("responses_unary_single")["body"]).encode())
     check = log.stream()
     raw = load("responses_stream_single")["sse"].encode()
@@ -206,13 +207,13 @@ def test_check_log_records_every_object_and_event(tmp_path: Path) -> None:
     assert lines[0]["kind"] == "object" and VLLM_GAPS <= set(lines[0]["problems"])
     assert [line["type"] for line in lines[1:]] == [e["type"] for e in events_of(raw)]
     assert all(line["problems"] for line in lines[1:] if line["type"] == "response.completed")
-    counts, failures = c.read_check_log(tmp_path / "conf.jsonl")
+    counts, failures = checks.read_check_log(tmp_path / "conf.jsonl")
     assert counts == {"object": 1, "event": len(lines) - 1} and failures[0] == lines[0]
-    assert c.read_check_log(tmp_path / "conf.jsonl", exclude_pid=os.getpid()) == ({}, [])
+    assert checks.read_check_log(tmp_path / "conf.jsonl", exclude_pid=os.getpid()) == ({}, [])
 
 
 def test_check_log_reports_a_stream_without_its_terminal_event(tmp_path: Path) -> None:
-    log = c.CheckLog(str(tmp_path / "conf.jsonl"))
+    log = checks.CheckLog(str(tmp_path / "conf.jsonl"))
     events = [c.conformed_event(e) for e in events_of(load("responses_stream_single")["sse"].encode())]
     check = log.stream()
     check.feed(b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode()
@@ -239,3 +240,22 @@ def test_namespace_and_custom_tools_in_the_echo_are_a_documented_deviation() -> 
     event = {"type": "response.created", "sequence_number": 0,
              "response": {**response, "tools": [namespace], "status": "in_progress"}}
     assert c.check_event(event) == []
+
+
+def test_direct_answers_and_restored_echoes_conform() -> None:
+    """Calls released by an approval are answered without vLLM (approvals.wire.direct_response):
+    complete objects and streams; and the client's own tools echo (reordered back from canonical
+    order, in the echo's own shape) and cache key validate too."""
+    from vllm_allowed_tools.approvals.wire import direct_events, direct_response
+    from vllm_allowed_tools.request.rewrite import restore_echo
+    tools = [{"type": "function", "name": "b", "parameters": {}}, {"type": "function", "name": "a"}]
+    call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "a", "arguments": "{}",
+            "status": "completed"}
+    response = c.conformed_response(direct_response(
+        {"model": "tiny", "tools": tools, "prompt_cache_key": "k", "temperature": None}, [call], None))
+    assert c.check_response(response) == [] and c.check_stream(direct_events(response)) == []
+    assert response["prompt_cache_key"] == "k" and response["temperature"] == 1.0
+    echoed = c.conformed_response({**response, "tools": [tools[1], tools[0]], "prompt_cache_key": None})
+    restored = restore_echo(echoed, {"tools": tools, "prompt_cache_key": "k"})
+    assert [t["name"] for t in restored["tools"]] == ["b", "a"] and restored["prompt_cache_key"] == "k"
+    assert c.check_response(restored) == []

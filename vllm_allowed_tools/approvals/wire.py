@@ -304,19 +304,34 @@ class ResponseApprovals:
 
 def direct_response(body: Mapping[str, Any], output: list[dict[str, Any]],
                     original_tool_choice: Any) -> dict[str, Any]:
-    """A complete Responses object for calls released by an approval (no model call was made)."""
+    """A complete Responses object for calls released by an approval (no model call was made):
+    every field an Open Responses response object requires, the request's own values echoed."""
     import time
+    now = int(time.time())
+
+    def given(key: str, default: Any) -> Any:
+        value = body.get(key)
+        return default if value is None else value
     return {
-        "id": "resp_" + secrets.token_hex(12), "object": "response", "created_at": int(time.time()),
-        "status": "completed", "model": body.get("model"), "output": output,
+        "id": "resp_" + secrets.token_hex(12), "object": "response", "created_at": now,
+        "completed_at": now, "status": "completed", "incomplete_details": None,
+        "model": body.get("model"), "previous_response_id": body.get("previous_response_id"),
+        "instructions": body.get("instructions"), "output": output, "error": None,
+        "tools": body.get("tools") or [],
         "tool_choice": original_tool_choice if original_tool_choice is not None else "auto",
-        "tools": body.get("tools") or [], "parallel_tool_calls": body.get("parallel_tool_calls", True),
-        "error": None, "incomplete_details": None, "instructions": body.get("instructions"),
-        "metadata": body.get("metadata"), "temperature": body.get("temperature"),
-        "top_p": body.get("top_p"), "max_output_tokens": body.get("max_output_tokens"),
+        "truncation": given("truncation", "disabled"),
+        "parallel_tool_calls": given("parallel_tool_calls", True),
+        "text": given("text", {"format": {"type": "text"}}),
+        "top_p": given("top_p", 1.0), "presence_penalty": given("presence_penalty", 0.0),
+        "frequency_penalty": given("frequency_penalty", 0.0), "top_logprobs": given("top_logprobs", 0),
+        "temperature": given("temperature", 1.0), "reasoning": body.get("reasoning"),
         "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
                   "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
+        "max_output_tokens": body.get("max_output_tokens"), "max_tool_calls": body.get("max_tool_calls"),
+        "store": False, "background": False, "service_tier": given("service_tier", "default"),
+        "metadata": given("metadata", {}), "safety_identifier": body.get("safety_identifier"),
+        "prompt_cache_key": body.get("prompt_cache_key"),
     }
 
 

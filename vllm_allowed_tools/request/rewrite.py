@@ -191,12 +191,18 @@ def filter_catalog(body: dict[str, Any], allowlist: TurnAllowlist) -> dict[str, 
     return {**body, "tools": kept}
 
 
+#: request fields a Responses object echoes that vLLM 0.32 leaves out
+_UNECHOED = ("prompt_cache_key", "safety_identifier")
+
+
 def echo_of(rewritten: Rewritten, api: Api) -> dict[str, Any]:
     """The request fields a Responses object must echo as the client sent them, not as vLLM saw
-    them: an allowed-tools ``tool_choice`` and ``tools`` put in canonical order."""
+    them: an allowed-tools ``tool_choice``, ``tools`` put in canonical order, and the request
+    fields vLLM 0.32 does not echo at all (``prompt_cache_key``, ``safety_identifier``)."""
     if api != "responses":
         return {}
-    echo: dict[str, Any] = {}
+    echo: dict[str, Any] = {key: rewritten.request[key] for key in _UNECHOED
+                            if isinstance(rewritten.request.get(key), str)}
     if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
         echo["tool_choice"] = rewritten.original_tool_choice
     if rewritten.original_tools is not None:
@@ -205,9 +211,26 @@ def echo_of(rewritten: Rewritten, api: Api) -> dict[str, Any]:
 
 
 def restore_echo(response_object: Any, echo: Mapping[str, Any]) -> Any:
-    """Put the client's own fields (:func:`echo_of`) back into a Responses object."""
+    """Put the client's own fields (:func:`echo_of`) back into a Responses object; ``tools`` as
+    the response echoes them (in the shape it gives every tool), in the client's order."""
     if isinstance(response_object, dict) and response_object.get("object") == "response":
         for key, value in echo.items():
-            if key in response_object:
+            if key == "tools" and isinstance(response_object.get("tools"), list):
+                response_object["tools"] = _in_client_order(response_object["tools"], value)
+            elif key in response_object:
                 response_object[key] = value
     return response_object
+
+
+def _tool_key(tool: Any) -> Any:
+    return json.dumps([tool.get("type"), tool.get("name")]) if isinstance(tool, Mapping) else None
+
+
+def _in_client_order(echoed: list[Any], client_tools: Any) -> list[Any]:
+    """``echoed`` reordered as ``client_tools`` (matched by type and name); as it is when the two
+    do not match one to one."""
+    by_key = {_tool_key(tool): tool for tool in echoed}
+    order = [_tool_key(tool) for tool in client_tools] if isinstance(client_tools, list) else []
+    if len(by_key) != len(echoed) or sorted(map(str, order)) != sorted(map(str, by_key)):
+        return echoed
+    return [by_key[key] for key in order]

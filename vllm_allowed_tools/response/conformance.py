@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -253,12 +252,30 @@ def conformed_response(response: Any, *, now: Callable[[], float] = time.time) -
         fixed["text"] = copy.deepcopy(_DEFAULT_TEXT)
     if response.get("top_logprobs", 0) is None:
         fixed["top_logprobs"] = 0
+    tools = response.get("tools")
+    if isinstance(tools, list):
+        filled = [conformed_tool(tool) for tool in tools]
+        if any(new is not old for new, old in zip(filled, tools)):
+            fixed["tools"] = filled
     output = response.get("output")
     if isinstance(output, list):
         items = [conformed_item(item) for item in output]
         if any(new is not old for new, old in zip(items, output)):
             fixed["output"] = items
     return {**response, **fixed} if fixed else response
+
+
+#: what a function tool's echo must carry, and what it is when the request left it out
+_FUNCTION_TOOL_FIELDS = {"description": None, "parameters": None, "strict": None}
+
+
+def conformed_tool(tool: Any) -> Any:
+    """A function tool in the echo with every field the schema requires (null where the request
+    gave none); other tool types as they are."""
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        return tool
+    missing = {key: value for key, value in _FUNCTION_TOOL_FIELDS.items() if key not in tool}
+    return {**tool, **missing} if missing else tool
 
 
 def conformed_item(item: Any) -> Any:
@@ -306,90 +323,3 @@ def conformed_event(event: Any, *, now: Callable[[], float] = time.time) -> Any:
     if "logprobs" in new and new["logprobs"] is None:
         new = {k: v for k, v in new.items() if k != "logprobs"}
     return new
-
-
-# -- the check mode: a running server validates what it sends (the e2e suite turns it on)
-
-#: a file path: every outgoing Responses object and event is validated after all rewriting, one
-#: JSON line each (``problems`` empty when it conforms) appended to that file
-CHECK_LOG_ENV = "VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG"
-
-
-class CheckLog:
-    """Appends one JSON line per validated object or event: ``{"kind", "type", "problems",
-    "pid"}``. Lines are written with one ``write`` in append mode, so several servers may share a
-    file."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> CheckLog | None:
-        path = (os.environ if environ is None else environ).get(CHECK_LOG_ENV)
-        return cls(path) if path else None
-
-    def record(self, kind: str, name: Any, problems: list[str]) -> None:
-        line = json.dumps({"kind": kind, "type": name, "problems": problems, "pid": os.getpid()})
-        with open(self.path, "a", encoding="utf-8") as log:
-            log.write(line + "\n")
-
-    def unary(self, body: bytes) -> None:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            data = None
-        self.record("object", "response", check_response(data))
-
-    def stream(self) -> StreamCheck:
-        return StreamCheck(self)
-
-
-class StreamCheck:
-    """The events of one outgoing stream, as a client frames them: each validated, and the
-    stream's end checked (exactly one terminal event, last)."""
-
-    def __init__(self, log: CheckLog) -> None:
-        from .sse import SSEFramer
-        self._log = log
-        self._framer = SSEFramer()
-        self._last: Any = None
-        self._terminals = 0
-
-    def feed(self, chunk: bytes) -> None:
-        for frame in self._framer.feed(chunk):
-            if frame.data is None or frame.data == "[DONE]":
-                continue
-            event = frame.json()
-            problems = check_event(event)
-            name = event.get("type") if isinstance(event, Mapping) else None
-            if frame.event not in (None, name):
-                problems.append(f"(sse): event name {frame.event!r} differs from type {name!r}")
-            if name in TERMINAL_TYPES:
-                self._terminals += 1
-            self._last = name
-            self._log.record("event", name, problems)
-
-    def close(self) -> None:
-        """The stream ended as the server meant it (not at a client that left)."""
-        self.feed(b"")
-        if self._last is not None and (self._last not in TERMINAL_TYPES or self._terminals != 1):
-            self._log.record("stream", self._last, [
-                f"stream: {self._terminals} terminal events, the last event is {self._last!r} "
-                "(expected exactly one terminal event, last)"])
-
-
-def read_check_log(path: str | Path, *, exclude_pid: int | None = None
-                   ) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """(how many of each kind were validated, the records with problems) of a check-mode file;
-    ``exclude_pid``: records a process wrote are left out (the test process's own fakes)."""
-    counts: dict[str, int] = {}
-    failures: list[dict[str, Any]] = []
-    file = Path(path)
-    for line in file.read_text(encoding="utf-8").splitlines() if file.exists() else ():
-        record = json.loads(line)
-        if record.get("pid") == exclude_pid:
-            continue
-        counts[record["kind"]] = counts.get(record["kind"], 0) + 1
-        if record["problems"]:
-            failures.append(record)
-    return counts, failures

@@ -29,7 +29,8 @@ from ..response import (
     unreadable_violation,
 )
 from ..response.asgi import Message, Receive, Send
-from ..response.conformance import CheckLog, conformed_event, conformed_response
+from ..response.conformance import conformed_event, conformed_response
+from ..response.conformance_check import CheckLog
 
 logger = logging.getLogger("vllm_allowed_tools.vllm_glue.middleware")   # the middleware's log
 

@@ -254,11 +254,20 @@ class AllowedToolsMiddleware:
 
 async def _send_direct(send: Send, body: dict, output: list[dict], original_tool_choice: Any) -> None:
     from ..approvals.wire import direct_events, direct_response
-    response = direct_response(body, output, original_tool_choice)
+    from ..response.conformance import conformed_response
+    from ..response.conformance_check import CheckLog
+    response = conformed_response(direct_response(body, output, original_tool_choice))
+    check = CheckLog.from_env()   # the Open Responses check mode: these answers are ours alone
     if not body.get("stream"):
+        if check is not None:
+            check.unary(json.dumps(response).encode())
         await _send_json(send, 200, response)
         return
     payload = b"".join(SSEEvent.encode(event, event["type"]) for event in direct_events(response))
+    if check is not None:
+        stream = check.stream()
+        stream.feed(payload)
+        stream.close()
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
                             (b"cache-control", b"no-cache")]})
