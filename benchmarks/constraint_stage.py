@@ -1,11 +1,13 @@
 """The constraint stage measured: grammar compile time, per-token mask cost, decode throughput.
 
-    python benchmarks/constraint_stage.py [--part compile|subset|mask|decode|all] [--rounds 3]
+    python benchmarks/constraint_stage.py [--part compile|catalog-names|subset|mask|decode|all] [--rounds 3]
 
 * compile: building and compiling the allowed-subset structural tag (hermes) for catalogs of 8, 32
   and 128 tools (every tool allowed: the largest grammar a turn of that catalog needs), cold and
   through our caches (built-tag cache + compiled-grammar cache), with the tiny model's tokenizer
   (2K vocabulary) and a synthetic 150K-token vocabulary;
+* catalog-names: the same for a plain ``auto`` request's grammar (every tool of its catalog, only
+  the names constrained: arguments any JSON object, as for tools that are not ``strict``);
 * subset: what a first-seen allowed subset (2, 4, 8 of 32 and 128 tools) of a known catalog adds to
   its request at both vocabulary sizes: its own grammar compiled without and with xgrammar's cache,
   against the split (the catalog's grammar compiled once, the subset's envelope per subset);
@@ -49,8 +51,9 @@ from vllm_allowed_tools.decode.split import split_tags
 from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
 
 
-def rich_functions(count: int, seed: int = 0) -> list[AllowedFunction]:
-    """Agent-like tools: strings, enums, integers with bounds, arrays, a nested object."""
+def rich_functions(count: int, seed: int = 0, strict: bool = True) -> list[AllowedFunction]:
+    """Agent-like tools: strings, enums, integers with bounds, arrays, a nested object; ``strict``
+    False: arguments are any JSON object (a plain ``auto`` request's catalog-names grammar)."""
     rng = random.Random(seed)
     functions = []
     for index in range(count):
@@ -68,7 +71,7 @@ def rich_functions(count: int, seed: int = 0) -> list[AllowedFunction]:
             name=f"tool_{index:03d}_{rng.choice(['read', 'write', 'search', 'list', 'run'])}",
             parameters={"type": "object", "properties": {k: properties[k] for k in keep},
                         "required": keep[:2], "additionalProperties": False},
-            strict=True))
+            strict=strict))
     return functions
 
 
@@ -136,14 +139,14 @@ def _timed(function, repeat: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ compile
-def bench_compile(rounds: int) -> list[dict[str, Any]]:
+def bench_compile(rounds: int, strict: bool = True) -> list[dict[str, Any]]:
     tiny, _ = tiny_tokenizer_info()
     large, _ = synthetic_tokenizer_info()
     rows = []
     for vocab_name, info in (("2K (tiny)", tiny), ("150K (synthetic)", large)):
         for count in (8, 32, 128):
-            functions = rich_functions(count)
-            key = GrammarKey("hermes", f"catalog-{count}", f"all-{count}", "auto", True)
+            functions = rich_functions(count, strict=strict)
+            key = GrammarKey("hermes", f"catalog-{count}-{strict}", f"all-{count}", "auto", True)
 
             def cold():
                 tag = built(build_structural_tag("hermes", functions, "auto"))
@@ -433,12 +436,16 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["compile", "subset", "mask", "decode", "all"], default="all")
+    parser.add_argument("--part", choices=["compile", "catalog-names", "subset", "mask", "decode", "all"],
+                        default="all")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
     if args.part in ("compile", "all"):
         _print("structural-tag compile (hermes, every tool allowed)", bench_compile(args.rounds))
+    if args.part in ("catalog-names", "all"):
+        _print("plain auto's catalog-names grammar (hermes, every tool, arguments any JSON object)",
+               bench_compile(args.rounds, strict=False))
     if args.part in ("subset", "all"):
         _print("first-seen allowed subset of a known catalog: added latency, median / p90 (hermes)",
                bench_subset(args.rounds))
