@@ -245,8 +245,6 @@ def test_a_requests_own_template_is_probed_once_and_refused_when_nothing_fits(ti
 def _post_through_middleware(argv, monkeypatch, body):
     """One POST /v1/chat/completions through the middleware built for ``argv``; the app records
     the body it was given. Returns (status, payload, the forwarded body or None)."""
-    import asyncio
-    import json
     import sys
 
     from starlette.applications import Starlette
@@ -254,28 +252,19 @@ def _post_through_middleware(argv, monkeypatch, body):
     from starlette.routing import Route
 
     from vllm_allowed_tools.vllm_glue.middleware import AllowedToolsMiddleware
-    forwarded, sent = [], []
+    forwarded = []
 
     async def endpoint(request):
         forwarded.append(await request.json())
         return JSONResponse({"object": "chat.completion", "choices": []})
 
-    async def receive():
-        return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-
-    async def send(message):
-        sent.append(message)
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setenv("VLLM_ALLOWED_TOOLS_CONSTRAINT", "native")
     middleware = AllowedToolsMiddleware(Starlette(routes=[
         Route("/v1/chat/completions", endpoint, methods=["POST"])]))
-    path = "/v1/chat/completions"
-    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
-             "root_path": "", "query_string": b"", "asgi": {"spec_version": "2.3"},
-             "headers": [(b"content-type", b"application/json")]}
-    asyncio.run(middleware(scope, receive, send))
-    payload = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
-    return sent[0]["status"], payload, (forwarded[0] if forwarded else None)
+    from vllm_allowed_tools.testing.asgi import post_json
+    status, payload = post_json(middleware, "/v1/chat/completions", body)
+    return status, payload, (forwarded[0] if forwarded else None)
 
 
 def test_the_middleware_places_the_policy_the_probe_chose_and_refuses_unfit_request_templates(

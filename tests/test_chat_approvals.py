@@ -5,7 +5,6 @@ releases them; errors after generation never ask for a retry that cannot succeed
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 
@@ -233,21 +232,9 @@ def _through_middleware(tmp_path, monkeypatch, body):
     monkeypatch.setenv("VLLM_ALLOWED_TOOLS_GRANT_STORE", str(tmp_path / "grants.db"))
     middleware = AllowedToolsMiddleware(Starlette(routes=[
         Route("/v1/chat/completions", endpoint, methods=["POST"])]))
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    path = "/v1/chat/completions"
-    scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(),
-             "root_path": "", "query_string": b"", "asgi": {"spec_version": "2.3"},
-             "headers": [(b"content-type", b"application/json")]}
-    asyncio.run(middleware(scope, receive, send))
-    payload = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
-    return sent[0]["status"], payload, (forwarded[0] if forwarded else None)
+    from vllm_allowed_tools.testing.asgi import post_json
+    status, payload = post_json(middleware, "/v1/chat/completions", body)
+    return status, payload, (forwarded[0] if forwarded else None)
 
 
 def test_the_middleware_refuses_a_forced_gated_call_before_the_engine(tmp_path, monkeypatch):
