@@ -231,12 +231,15 @@ def test_openai_reasoning_event_names_are_validated_as_their_open_responses_twin
     assert c.check_event({**delta, "delta": None}) == ["delta: None is not of type 'string'"]
 
 
-def test_namespace_and_custom_tools_in_the_echo_are_a_documented_deviation() -> None:
+def test_tool_types_open_responses_does_not_define_are_a_documented_deviation() -> None:
     response = c.conformed_response(load("responses_unary_single")["body"])
     namespace = {"type": "namespace", "name": "crm", "tools": []}
     assert c.check_response({**response, "tools": [*response["tools"], namespace]}) == []
-    assert c.check_response({**response, "tools": [{"type": "magic"}]}) == [
-        "tools[0].type: 'magic' is not one of ['function']"]
+    hosted = {"type": "web_search"}   # hosted tools too: only `function` is an Open Responses type
+    assert c.check_response({**response, "tools": [hosted]}) == []
+    assert c.check_response({**response, "tools": [{"type": "function", "description": None,
+                                                    "parameters": None, "strict": None}]}) == [
+        "tools[0]: 'name' is a required property"]   # a function tool is still checked whole
     event = {"type": "response.created", "sequence_number": 0,
              "response": {**response, "tools": [namespace], "status": "in_progress"}}
     assert c.check_event(event) == []
@@ -259,3 +262,21 @@ def test_direct_answers_and_restored_echoes_conform() -> None:
     restored = restore_echo(echoed, {"tools": tools, "prompt_cache_key": "k"})
     assert [t["name"] for t in restored["tools"]] == ["b", "a"] and restored["prompt_cache_key"] == "k"
     assert c.check_response(restored) == []
+
+
+def test_reasoning_items_hosted_tools_and_the_text_echo_conform() -> None:
+    """What the full e2e run found: a reasoning item as vLLM streams it (null content while it is
+    written, null encrypted_content), a hosted tool in the echo, a null text verbosity."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "content": None,
+                 "encrypted_content": None, "status": "in_progress"}
+    fixed = c.conformed_item(reasoning)
+    assert fixed["content"] == [] and "encrypted_content" not in fixed and reasoning["content"] is None
+    assert c.conformed_item(fixed) is fixed
+    event = {"type": "response.output_item.added", "output_index": 0, "item": reasoning,
+             "sequence_number": 3}
+    assert c.check_event(c.conformed_event(event)) == []
+    response = c.conformed_response({**load("responses_unary_single")["body"],
+                                     "text": {"format": {"type": "text"}, "verbosity": None}})
+    assert "verbosity" not in response["text"]
+    hosted = {**response, "tools": [*response["tools"], {"type": "web_search"}]}
+    assert c.check_response(hosted) == []

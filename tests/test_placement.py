@@ -100,10 +100,11 @@ def test_rewrite_canonicalises_tools_and_keeps_the_clients_for_the_echo():
     assert [t["name"] for t in rewritten.body["tools"]] == ["a", "b"]
     assert "chat_template_kwargs" not in rewritten.body and ALLOWLIST_KEY in rewritten.body
     echo = echo_of(rewritten, "responses")
-    assert echo == {"tool_choice": body["tool_choice"], "tools": tools}
+    assert echo == {"tool_choice": body["tool_choice"], "tools": tools,
+                    "text": {"format": {"type": "text"}}}   # vLLM echoes required's schema there
     response = {"object": "response", "tools": rewritten.body["tools"], "tool_choice": "auto"}
     assert restore_echo(response, echo) == {"object": "response", "tools": tools,
-                                            "tool_choice": body["tool_choice"]}
+                                            "tool_choice": body["tool_choice"]}   # no text: none set
     variable = rewrite_request(body, "responses")
     assert variable.body["chat_template_kwargs"]["allowed_tools_policy"] == {"mode": "auto", "names": ["a"]}
     canonical = [{"name": "a", "parameters": {}, "type": "function"},

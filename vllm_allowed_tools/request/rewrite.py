@@ -203,6 +203,11 @@ def echo_of(rewritten: Rewritten, api: Api) -> dict[str, Any]:
         return {}
     echo: dict[str, Any] = {key: rewritten.request[key] for key in _UNECHOED
                             if isinstance(rewritten.request.get(key), str)}
+    if rewritten.allowlist is not None and rewritten.allowlist.choice != "none":
+        # vLLM echoes the JSON schema it builds for a required turn as the text format
+        text = rewritten.request.get("text")
+        echo["text"] = text if isinstance(text, Mapping) and text.get("format") \
+            else {"format": {"type": "text"}}
     if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
         echo["tool_choice"] = rewritten.original_tool_choice
     if rewritten.original_tools is not None:

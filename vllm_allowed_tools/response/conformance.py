@@ -170,10 +170,11 @@ def format_path(parts: Iterable[Any]) -> str:
     return text or "(root)"
 
 
-#: tool types a request may carry that Open Responses does not define (its ``Tool`` union has only
-#: ``function``): OpenAI's namespaces and custom tools. The ``tools`` echo shows them as the client
-#: sent them, so they are left out of the check: a documented deviation, not a fixable one.
-EXTENSION_TOOL_TYPES = frozenset({"namespace", "custom"})
+#: Open Responses defines one tool type (its ``Tool`` union has only ``function``); a request may
+#: carry others (OpenAI's namespaces, custom tools, hosted tools such as ``web_search``). The
+#: ``tools`` echo shows them as the client sent them, so they are left out of the check: a
+#: documented deviation, not a fixable one.
+DEFINED_TOOL_TYPES = frozenset({"function"})
 
 
 def _without_extension_tools(response: Any) -> Any:
@@ -181,7 +182,7 @@ def _without_extension_tools(response: Any) -> Any:
     if not isinstance(tools, list):
         return response
     return {**response, "tools": [tool for tool in tools if not (
-        isinstance(tool, Mapping) and tool.get("type") in EXTENSION_TOOL_TYPES)]}
+        isinstance(tool, Mapping) and tool.get("type") not in DEFINED_TOOL_TYPES)]}
 
 
 def check_response(response: Any) -> list[str]:
@@ -248,8 +249,11 @@ def conformed_response(response: Any, *, now: Callable[[], float] = time.time) -
     if "completed_at" not in response:
         fixed["completed_at"] = int(now()) if response.get("status") == "completed" else None
     fixed.update({key: value for key, value in _MISSING.items() if key not in response})
-    if response.get("text", _DEFAULT_TEXT) is None:
+    text = response.get("text", _DEFAULT_TEXT)
+    if text is None:
         fixed["text"] = copy.deepcopy(_DEFAULT_TEXT)
+    elif isinstance(text, dict) and "verbosity" in text and text["verbosity"] is None:
+        fixed["text"] = {k: v for k, v in text.items() if k != "verbosity"}   # optional, never null
     if response.get("top_logprobs", 0) is None:
         fixed["top_logprobs"] = 0
     tools = response.get("tools")
@@ -280,7 +284,13 @@ def conformed_tool(tool: Any) -> Any:
 
 def conformed_item(item: Any) -> Any:
     """An output item: a message's null ``phase`` left out (it is optional, and never null), and
-    its content parts conformed."""
+    its content parts conformed; a reasoning item's null ``encrypted_content`` left out and a null
+    ``content`` an empty list (vLLM sends both while the item is being written)."""
+    if isinstance(item, dict) and item.get("type") == "reasoning":
+        new = {k: v for k, v in item.items() if not (k == "encrypted_content" and v is None)}
+        if new.get("content", []) is None:
+            new["content"] = []
+        return new if new != item or len(new) != len(item) else item
     if not isinstance(item, dict) or item.get("type") != "message":
         return item
     new = {k: v for k, v in item.items() if k != "phase"} if item.get("phase", "") is None else item

@@ -40,6 +40,8 @@ class CheckLog:
             data = json.loads(body)
         except ValueError:
             data = None
+        if isinstance(data, Mapping) and "object" not in data and "token_ids" in data:
+            return   # a render endpoint's answer (the prompt's tokens), not a Responses object
         self.record("object", "response", check_response(data))
 
     def stream(self) -> StreamCheck:
