@@ -19,7 +19,7 @@ from typing import Any
 
 from ..approvals.chat import ChatApprovals
 from ..approvals.errors import GrantStoreUnavailable
-from ..errors import AllowedToolsError
+from ..errors import AllowedToolsError, CapabilityError
 from ..metrics import record_fallback
 from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
 from ..request.rewrite import (
@@ -55,7 +55,6 @@ PLAIN_CATALOG, PLAIN_VANILLA = "catalog", "vanilla"
 
 
 def plain_decoding() -> str:
-    from ..errors import CapabilityError
     value = os.environ.get(PLAIN_DECODING_ENV, PLAIN_CATALOG).strip().lower() or PLAIN_CATALOG
     if value not in (PLAIN_CATALOG, PLAIN_VANILLA):
         raise CapabilityError(f"{PLAIN_DECODING_ENV}={value!r} is not known; set {PLAIN_CATALOG} "
@@ -94,6 +93,8 @@ class AllowedToolsMiddleware:
         self.capabilities = check_server_args(sys.argv)
         activate(self.capabilities)
         self.placement = choose_placement(sys.argv)   # where the served template takes the policy
+        # vLLM renders a request's own chat_template only when the operator trusts them
+        self._request_templates = "--trust-request-chat-template" in sys.argv
         self.plain_decoding = plain_decoding()
         from ..approvals import engine_from_env
         self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
@@ -178,8 +179,7 @@ class AllowedToolsMiddleware:
         """The served template's placement, or that of a template the request brings (vLLM
         renders with it only under ``--trust-request-chat-template``; otherwise it refuses it)."""
         template = data.get("chat_template") if api == "chat" else None
-        if not isinstance(template, str) or not self.placement.served \
-                or "--trust-request-chat-template" not in sys.argv:
+        if not isinstance(template, str) or not self.placement.served or not self._request_templates:
             return self.placement.placement
         result = self.placement.for_request_template(template)
         if result.placement is None:
