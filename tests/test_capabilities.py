@@ -7,6 +7,7 @@ import pytest
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.vllm_glue.capabilities import (
     ServerCapabilities,
+    backend_compiles_json_schema,
     check_server_args,
     structured_output_backend,
 )
@@ -289,3 +290,111 @@ def test_the_middleware_places_the_policy_the_probe_chose_and_refuses_unfit_requ
     status, _, forwarded = _post_through_middleware(
         argv, monkeypatch, {**body, "chat_template": HOISTING_TEMPLATE})
     assert status == 200 and forwarded["messages"][-1]["content"].endswith("Allowed tools this turn (auto): a")
+
+
+# ------------------------------------------------- JSON schemas a structural-tag-less backend compiles
+
+OUTLINES = BASE + ["--structured-outputs-config.backend", "outlines"]
+
+
+def test_json_schemas_stay_native_only_where_the_backend_forced_the_processor():
+    """outlines cannot compile structural tags, so ``auto`` serves tags with our processor but
+    leaves JSON schemas to outlines; the operator forcing the processor, or a backend whose
+    schemas are not checked here, keeps every grammar on the processor."""
+    for environ in ({"VLLM_TARGET_DEVICE": "cpu"}, {**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}):
+        assert check_server_args(OUTLINES, environ=environ) == ServerCapabilities(
+            constraint_stage="logits-processor", json_schema_backend="outlines")
+    assert check_server_args(OUTLINES, environ=LP).json_schema_backend is None
+    for backend in ("guidance", "lm-format-enforcer", "xgrammar", "auto"):
+        argv = BASE + ["--structured-outputs-config.backend", backend]
+        caps = check_server_args(argv, environ={"VLLM_TARGET_DEVICE": "cpu"})
+        assert caps.constraint_stage == "logits-processor"
+        assert not backend_compiles_json_schema(caps.json_schema_backend, {"type": "string"})
+
+
+def _tool_array(*parameters, parallel=True):
+    """vLLM's required-mode schema (tool_parsers/utils.py get_json_schema_from_tools)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+    tools = [ChatCompletionToolsParam(type="function", function={"name": f"f{i}", "parameters": p})
+             for i, p in enumerate(parameters)]
+    return get_json_schema_from_tools("required", tools, parallel_tool_calls=parallel)
+
+
+#: (schema, compiled exactly by outlines, instances it must accept, instances it must refuse)
+ENUM = {"type": "object", "properties": {"u": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["u"], "additionalProperties": False}
+OUTLINES_CASES = [
+    (_tool_array(ENUM, None, parallel=False), True,
+     ['[{"name": "f0", "parameters": {"u": "c"}}]', '[{"name": "f1", "parameters": {}}]'],
+     ['[]', '[{"name": "f2", "parameters": {}}]', '[{"name": "f0", "parameters": {"u": "x"}}]',
+      '[{"name": "f1", "parameters": {}}, {"name": "f1", "parameters": {}}]']),
+    (_tool_array(ENUM), True, ['[{"name": "f0", "parameters": {"u": "f"}}, '
+                               '{"name": "f0", "parameters": {"u": "c"}}]'], ['[]']),
+    ({"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 2}, True,
+     ["[1]", "[1, 2]"], ["[]", "[1, 2, 3]"]),
+    ({"$defs": {"d": {"const": "x"}}, "type": "object", "properties": {"a": {"$ref": "#/$defs/d"}},
+      "required": ["a"]}, True, ['{"a": "x"}'], ['{"a": "y"}', "{}"]),
+    ({"type": "string", "minLength": 1, "maxLength": 2}, True, ['"ab"'], ['""', '"abc"']),
+    ({"type": "string", "pattern": "^a+$"}, True, ['"aa"'], ['"b"']),
+    ({"anyOf": [{"type": "integer"}, {"type": "null"}]}, True, ["1", "null"], ['"a"']),
+    ({"type": "object", "additionalProperties": {"type": "integer"}}, True, ['{"a": 1}'], ['{"a": "b"}']),
+    ({"type": "integer", "minimum": 0}, False, [], []),            # dropped: -1 would pass
+    ({"type": "string", "pattern": "a", "maxLength": 2}, False, [], []),   # pattern dropped
+    ({"anyOf": [{"type": "string"}], "type": "string", "maxLength": 2}, False, [], []),
+    ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, False, [], []),
+    ({"allOf": [{"type": "string"}, {"type": "string"}]}, False, [], []),  # regexes concatenated
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}, False, [], []),
+    ({"type": "object", "additionalProperties": False}, False, [], []),  # refused
+    ({"type": "string", "format": "hostname"}, False, [], []),  # refused
+    ({"not": {"type": "string"}}, False, [], []),  # refused
+    ({"type": "array", "items": True}, False, [], []),
+]
+
+
+@pytest.mark.parametrize("schema, exact, accepted, refused", OUTLINES_CASES)
+def test_outlines_compiles_exactly_the_schemas_said_to_stay_native(schema, exact, accepted, refused):
+    """Checked against outlines_core itself (what vLLM's outlines backend runs): a schema said to
+    stay native compiles to a regex that accepts and refuses what the schema does; the others
+    would be refused or loosened by outlines, so our processor keeps them."""
+    import json
+    import re
+
+    from outlines_core.json_schema import build_regex_from_schema
+    assert backend_compiles_json_schema("outlines", schema) is exact
+    assert backend_compiles_json_schema("outlines", json.dumps(schema)) is exact
+    assert backend_compiles_json_schema("guidance", schema) is False
+    if exact:
+        regex = build_regex_from_schema(json.dumps(schema))
+        assert all(re.fullmatch(regex, text) for text in accepted), (regex, accepted)
+        assert not any(re.fullmatch(regex, text) for text in refused), (regex, refused)
+
+
+def test_a_schema_stays_native_only_on_an_outlines_server(monkeypatch):
+    from vllm_allowed_tools.vllm_glue import capabilities
+    schema = _tool_array(ENUM)
+    monkeypatch.setattr(capabilities, "_ACTIVE", ServerCapabilities("logits-processor", "outlines"))
+    assert capabilities.json_schema_stays_native(schema)
+    assert not capabilities.json_schema_stays_native({"type": "integer", "maximum": 3})
+    monkeypatch.setattr(capabilities, "_ACTIVE", ServerCapabilities("logits-processor"))
+    assert not capabilities.json_schema_stays_native(schema)
+
+
+def test_the_parser_leaves_a_native_json_schema_and_moves_the_rest(monkeypatch):
+    """The one place that moves grammars to our processor reads the decision above."""
+    import json
+    from types import SimpleNamespace
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from vllm_allowed_tools.decode.stage import XARGS_TAG
+    from vllm_allowed_tools.vllm_glue import capabilities, parsers
+    schema = _tool_array(ENUM)
+    for active, moved in ((ServerCapabilities("logits-processor", "outlines"), False),
+                          (ServerCapabilities("logits-processor"), True)):
+        monkeypatch.setattr(capabilities, "_ACTIVE", active)
+        request = SimpleNamespace(structured_outputs=StructuredOutputsParams(json=json.dumps(schema)),
+                                  vllm_xargs=None)
+        parsers._hand_grammar_to_logits_processor(request, "pythonic", None)
+        assert (request.structured_outputs is None) is moved
+        assert (XARGS_TAG in (request.vllm_xargs or {})) is moved

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..decode.stage import STAGE_NATIVE, choose_stage, requested_stage
+from ..decode.stage import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, choose_stage, requested_stage
 from ..errors import CapabilityError
 from .argv import flag_value, is_server_command
 from .plugin import parser_names, vouched_parsers
@@ -25,10 +25,35 @@ from .plugin import parser_names, vouched_parsers
 @dataclass(frozen=True)
 class ServerCapabilities:
     constraint_stage: str           # who applies the grammar: native or logits-processor
+    #: the backend that still compiles plain JSON-schema grammars natively while structural tags
+    #: go to our logits processor (the stage was chosen because it cannot compile tags); else None
+    json_schema_backend: str | None = None
 
 
 #: backends that cannot compile new-format structural tags (vLLM 0.32/0.33)
 BACKENDS_WITHOUT_STRUCTURAL_TAGS = frozenset({"guidance", "outlines", "lm-format-enforcer"})
+
+#: Checked against vLLM 0.32's outlines backend (outlines_core 0.2.14 builds a regex from the
+#: schema): one keyword of a schema decides its regex (``properties``, then ``anyOf``, ``enum``,
+#: ``const``, ``$ref``, else ``type``), and what outlines_core would drop beside it, or refuse, keeps
+#: the schema on our processor. Refused: ``not``, ``if``/``then``/``else``, boolean subschemas,
+#: ``additionalProperties: false`` without ``properties``, formats not listed below. Dropped
+#: (a looser grammar): ``minimum``/``maximum``/``exclusive*``/``multipleOf``, ``uniqueItems``,
+#: ``patternProperties``, ``min``/``maxProperties``, ``oneOf``'s exclusivity, ``pattern`` or
+#: ``format`` beside ``min``/``maxLength``, anything beside ``anyOf``/``enum``/``$ref``; and
+#: ``allOf`` of two or more parts concatenates their regexes (not JSON).
+_OUTLINES_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
+                                   "$comment", "$defs", "definitions", "strict"})
+_OUTLINES_STRUCTURES = {"properties": frozenset({"type", "required", "additionalProperties"}),
+                        "anyOf": frozenset({"type"}), "enum": frozenset({"type"}),
+                        "const": frozenset({"type"}), "$ref": frozenset()}
+#: per type, the groups of keywords outlines_core applies together (a schema may use one group)
+_OUTLINES_TYPE_GROUPS = {
+    "string": (frozenset({"minLength", "maxLength"}), frozenset({"pattern"}), frozenset({"format"})),
+    "array": (frozenset({"items", "minItems", "maxItems"}),),
+    "object": (frozenset({"additionalProperties"}),),
+    "integer": (), "number": (), "boolean": (), "null": ()}
+_OUTLINES_FORMATS = frozenset({"date", "date-time", "time", "uuid", "email", "uri"})
 
 
 def structured_output_backend(argv: Sequence[str]) -> str:
@@ -41,6 +66,74 @@ def structured_output_backend(argv: Sequence[str]) -> str:
             except (ValueError, AttributeError):
                 backend = None
     return backend or "auto"
+
+
+def backend_compiles_json_schema(backend: str | None, schema: object) -> bool:
+    """Whether vLLM's native ``backend`` compiles this JSON-schema grammar exactly (every keyword
+    enforced), so it can stay on the native path while structural tags go to our processor.
+    Only outlines is checked (guidance and lm-format-enforcer answer False: not measured here)."""
+    if backend != "outlines":
+        return False
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            return False
+    return _outlines_exact(schema)
+
+
+def _outlines_exact(schema: object) -> bool:
+    if not isinstance(schema, dict):
+        return False
+    keys = set(schema) - _OUTLINES_ANNOTATIONS
+    defs = [*(schema.get("$defs") or {}).values(), *(schema.get("definitions") or {}).values()]
+    structures = keys & set(_OUTLINES_STRUCTURES)
+    if len(structures) > 1:
+        return False
+    if structures:
+        (structure,) = structures
+        children = _outlines_structure_children(structure, schema)
+        if children is None or not keys - {structure} <= _OUTLINES_STRUCTURES[structure]:
+            return False
+    else:
+        children = _outlines_typed_children(schema, keys)
+        if children is None:
+            return False
+    return all(_outlines_exact(child) for child in [*children, *defs])
+
+
+def _outlines_structure_children(structure: str, schema: dict) -> list | None:
+    value = schema[structure]
+    if structure == "properties":
+        extra = schema.get("additionalProperties", False)
+        if not isinstance(value, dict) or not set(schema.get("required", ())) <= set(value):
+            return None   # a required name without a property is dropped, not enforced
+        return [*value.values(), *([extra] if isinstance(extra, dict) else [])]
+    if structure == "anyOf":
+        return value if isinstance(value, list) and value else None
+    if structure == "$ref":
+        return [] if isinstance(value, str) and value.startswith(("#/$defs/", "#/definitions/")) else None
+    return []   # enum, const: data
+
+
+def _outlines_typed_children(schema: dict, keys: set[str]) -> list | None:
+    kind = schema.get("type")
+    if kind is None:
+        return [] if not keys else None   # {}: any JSON value
+    kinds = kind if isinstance(kind, list) else [kind]
+    if not kinds or any(k not in _OUTLINES_TYPE_GROUPS for k in kinds):
+        return None
+    rest = keys - {"type"}
+    if len(kinds) > 1 or not rest:
+        return [] if not rest else None
+    if not any(rest <= group for group in _OUTLINES_TYPE_GROUPS[kinds[0]]):
+        return None
+    if "format" in rest and schema["format"] not in _OUTLINES_FORMATS:
+        return None
+    extra = schema.get("additionalProperties")
+    if extra is False or ("items" in rest and not isinstance(schema["items"], dict)):
+        return None
+    return [child for child in (schema.get("items"), extra) if isinstance(child, dict)]
 
 
 def _logits_processor_blocked(argv: Sequence[str], environ: dict[str, str], on_cpu: bool) -> str | None:
@@ -65,27 +158,41 @@ def _on_cpu(environ: dict[str, str]) -> bool:
         return False
 
 
-_ACTIVE_STAGE: str | None = None
+_ACTIVE: ServerCapabilities | None = None
 
 
 def activate(capabilities: ServerCapabilities) -> None:
     """Record the stage this API server process serves with (the middleware does, at start-up);
     the parser wrappers, built by vLLM without arguments, read it back."""
-    global _ACTIVE_STAGE
-    _ACTIVE_STAGE = capabilities.constraint_stage
+    global _ACTIVE
+    _ACTIVE = capabilities
     # under vLLM's own logger, so the line shows with vLLM's start-up messages
     logging.getLogger("vllm.allowed_tools").info(
         "vllm-allowed-tools: middleware active for --tool-call-parser %s; allowed-tools grammars are "
-        "applied by the %s stage", flag_value(sys.argv, "--tool-call-parser"), _ACTIVE_STAGE)
+        "applied by the %s stage%s", flag_value(sys.argv, "--tool-call-parser"), capabilities.constraint_stage,
+        f" (JSON-schema grammars: the {capabilities.json_schema_backend} backend)"
+        if capabilities.json_schema_backend else "")
+
+
+def _active() -> ServerCapabilities:
+    """What this API server process chose at start-up (resolved from the command line on first use
+    where no middleware was built)."""
+    global _ACTIVE
+    if _ACTIVE is None:
+        _ACTIVE = check_server_args(sys.argv)
+    return _ACTIVE
 
 
 def active_constraint_stage() -> str:
-    """The stage this API server process chose at start-up (resolved from the command line on
-    first use where no middleware was built)."""
-    global _ACTIVE_STAGE
-    if _ACTIVE_STAGE is None:
-        _ACTIVE_STAGE = check_server_args(sys.argv).constraint_stage
-    return _ACTIVE_STAGE
+    return _active().constraint_stage
+
+
+def json_schema_stays_native(schema: object) -> bool:
+    """Whether this JSON-schema grammar (a required turn of a JSON-array format) stays on vLLM's
+    native structured outputs instead of moving to our logits processor: only where the processor
+    was chosen because the backend cannot compile structural tags, and that backend compiles every
+    keyword of this schema (:func:`backend_compiles_json_schema`)."""
+    return backend_compiles_json_schema(_active().json_schema_backend, schema)
 
 
 def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServerCapabilities:
@@ -105,12 +212,17 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
             capability="tool_parser", status=500)
     backend = structured_output_backend(argv)
     on_cpu = _on_cpu(environ)
-    stage = choose_stage(requested_stage(environ), backend=backend,
-                         backend_compiles_tags=backend not in BACKENDS_WITHOUT_STRUCTURAL_TAGS,
+    requested = requested_stage(environ)
+    compiles_tags = backend not in BACKENDS_WITHOUT_STRUCTURAL_TAGS
+    stage = choose_stage(requested, backend=backend, backend_compiles_tags=compiles_tags,
                          on_cpu=on_cpu,
                          logits_processor_blocked=_logits_processor_blocked(argv, environ, on_cpu))
     if environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "1").strip().lower() in ("0", "false"):
         raise CapabilityError(
             "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns structural tags off, so allowed_tools could "
             "not be enforced; unset it", capability="structural_tag", status=500)
-    return ServerCapabilities(constraint_stage=stage)
+    # the operator forcing the processor keeps every grammar there; a backend that only lacks
+    # structural tags still compiles JSON schemas it supports
+    stands_in = stage == STAGE_LOGITS_PROCESSOR and requested == STAGE_AUTO and not compiles_tags
+    return ServerCapabilities(constraint_stage=stage,
+                              json_schema_backend=backend if stands_in else None)
