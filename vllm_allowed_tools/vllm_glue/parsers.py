@@ -26,7 +26,7 @@ from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
-from .capabilities import active_constraint_stage
+from .capabilities import active_constraint_stage, json_schema_stays_native
 
 try:  # vLLM 0.32 / 0.33
     from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
@@ -317,9 +317,11 @@ def _allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, str
 def _hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireAllowlist) -> None:
     """Move the grammar from vLLM's native structured outputs to our logits processor's request
     arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one),
-    with its split into catalog and envelope where it has one (decode/split.py)."""
+    with its split into catalog and envelope where it has one (decode/split.py). A JSON schema the
+    native backend compiles exactly stays there (capabilities.json_schema_stays_native)."""
     outputs = getattr(request, "structured_outputs", None)
-    if outputs is None:
+    if outputs is None or (outputs.structural_tag is None and outputs.json is not None
+                           and json_schema_stays_native(outputs.json)):
         return
     if outputs.structural_tag is not None:
         tag_json = outputs.structural_tag
