@@ -4,6 +4,7 @@ vLLM (or xgrammar) builds for the same allowed subset, so a vLLM upgrade cannot 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -27,7 +28,12 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["
           "required": ["city"], "additionalProperties": False}
 ALLOWED = ["t1", "t3", "t4"]
 FORMATS = [entry.name for entry in wire_formats()]
-STRUCTURAL = [entry.name for entry in wire_formats() if entry.grammar.kind in ("tags", "xgrammar")]
+#: formats whose base parser has no structural tag of its own, and the vLLM tag their calls follow
+REFERENCE_MODEL = {"granite4": "hermes"}
+#: formats whose grammar is another's with renamed markup: no vLLM tag to compare (see below)
+RENAMED = [entry.name for entry in wire_formats() if entry.grammar.rename]
+STRUCTURAL = [entry.name for entry in wire_formats()
+              if entry.grammar.kind in ("tags", "xgrammar", "vllm") and entry.name not in RENAMED]
 
 
 def allowed_functions() -> list[AllowedFunction]:
@@ -127,7 +133,7 @@ def _vllm_tag(name: str, mode: str, parallel: bool):
     from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
     tools = [FunctionTool(type="function", name=f"t{i}", parameters=SCHEMA, strict=(i % 2 == 0))
              for i in range(5)]
-    model = ToolParserManager.get_tool_parser(name).structural_tag_model
+    model = ToolParserManager.get_tool_parser(name).structural_tag_model or REFERENCE_MODEL[name]
     tag = get_model_structural_tag(
         model=model, tools=tools, reasoning=False, strict_level=ToolStrictLevel.FUNCTION,
         tool_choice=ToolChoiceAllowed(type="allowed_tools", mode=mode,
@@ -157,6 +163,40 @@ def test_whitespace_cap_is_xgrammars_option_on_every_argument_grammar(name):
     cap(theirs.format)
     ours = build_structural_tag(name, allowed_functions(), "required", max_whitespace=2)
     assert dumped(ours) == dumped(theirs)
+
+
+@pytest.mark.parametrize("name", RENAMED)
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_a_renamed_grammar_is_its_source_with_only_the_markup_renamed(name, mode):
+    """Seed-OSS writes Qwen3-Coder's XML calls with other wrapper tokens (what vLLM's seed_oss
+    parser reads): its tag is xgrammar's qwen_3_coder tag for the same subset, every markup string
+    renamed, schemas untouched."""
+    import xgrammar
+    spec = wire_format(name).grammar
+    ours = json.loads(dumped(build_structural_tag(name, allowed_functions(), mode)))
+    theirs = json.loads(dumped(xgrammar.get_model_structural_tag(
+        spec.xgrammar_model, tools=[{"type": "function", "function": {
+            "name": f.name, "parameters": f.parameters, "strict": bool(f.strict)}} for f in allowed_functions()],
+        tool_choice=mode, reasoning=False)))
+    renamed = dict(spec.rename)
+
+    def walk(a, b, key=None):
+        if isinstance(a, dict):
+            assert set(a) == set(b)
+            for k in a:
+                walk(a[k], b[k], k)
+        elif isinstance(a, list):
+            assert len(a) == len(b)
+            for x, y in zip(a, b):
+                walk(x, y, key)
+        elif isinstance(a, str) and key in ("begin", "end", "triggers", "excludes"):
+            expected = re.sub("|".join(re.escape(old) for old in sorted(renamed, key=len, reverse=True)),
+                              lambda match: renamed[match.group(0)], b)
+            assert a == expected
+        else:
+            assert a == b, (key, a, b)
+    walk(ours, theirs)
+    assert "<tool_call>" not in json.dumps(ours) and "<seed:tool_call>" in json.dumps(ours)
 
 
 @pytest.mark.parametrize("name", [n for n in FORMATS if wire_format(n).grammar.kind == "json_array"])

@@ -27,10 +27,12 @@ from vllm_allowed_tools.devtools.prefix import (
     main as prefix_main,
 )
 from vllm_allowed_tools.devtools.render import load_template, render_chat
+from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.templates import TEMPLATE_DIR
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
-TEMPLATES = ["hermes", "llama3_json", "qwen3_coder", "mistral", "pythonic"]
+TEMPLATES = ["hermes", "llama3_json", "qwen3_coder", "mistral", "pythonic", "deepseek_v3", "deepseek_v31",
+             "kimi_k2", "glm47", "minimax_m2", "seed_oss", "granite", "phi4_mini_json", "xlam"]
 #: how each format writes one call (name, arguments) in an assistant turn
 CALL_PATTERNS = {
     "hermes": lambda name, args: (f'<tool_call>\n{{"name": "{name}", "arguments": '
@@ -41,6 +43,28 @@ CALL_PATTERNS = {
     "mistral": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
     "pythonic": lambda name, args: "{}({})".format(
         name, ", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())),
+    # <deepseek_v3>
+    # <deepseek_v31>
+    # <kimi_k2>
+    # <glm47>
+    # <minimax_m2>
+    # <seed_oss>
+    # <granite>
+    # <phi4_mini_json>
+    # <xlam>
+}
+#: the text that ends an assistant turn in each template (where a rendered reply stops)
+END_OF_TURN = {
+    "hermes": "<|im_end|>", "qwen3_coder": "<|im_end|>", "llama3_json": "<|eot_id|>",
+    # <end: deepseek_v3>
+    # <end: deepseek_v31>
+    # <end: kimi_k2>
+    # <end: glm47>
+    # <end: minimax_m2>
+    # <end: seed_oss>
+    # <end: granite>
+    # <end: phi4_mini_json>
+    # <end: xlam>
 }
 
 
@@ -299,12 +323,28 @@ def test_templates_render_message_content_as_strings_for_vllm(template):
         f"{template}.jinja loops over message content at lines {loops_over_content}"
 
 
-@pytest.mark.parametrize("template,model", [("llama3_json", "llama"), ("qwen3_coder", "qwen_3_coder")])
-def test_history_calls_are_what_the_structural_tag_accepts(template, model):
-    """A past call, as the template renders it, is a string xgrammar's builtin grammar for the parser
+#: formats whose required-mode grammar is a structural tag, served with one of these templates
+TAG_FORMATS = [(entry.name, entry.template) for entry in wire_formats()
+               if entry.grammar.kind in ("tags", "xgrammar", "vllm") and entry.template in END_OF_TURN]
+
+
+#: where a reply starts when its first call does not open it (the call block's opening markup)
+CALL_BLOCK_OPENING: dict[str, str] = {}
+
+
+def _reply_start(rendered: str, first_call: int, template: str) -> int:
+    opening = CALL_BLOCK_OPENING.get(template)
+    return rendered.rindex(opening, 0, first_call) if opening else first_call
+
+
+@pytest.mark.parametrize("wire,template", TAG_FORMATS)
+def test_history_calls_are_what_the_structural_tag_accepts(wire, template):
+    """A past call, as the template renders it, is a string the format's required-mode grammar
     accepts: the model sees in its history the exact format the grammar forces."""
     import xgrammar
     from xgrammar.testing import _is_grammar_accept_string
+
+    from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 
     tools = catalog_tools()
     messages = agent_transcript(tools)
@@ -312,14 +352,15 @@ def test_history_calls_are_what_the_structural_tag_accepts(template, model):
         calls = message.get("tool_calls") or []
         if len(calls) < 2:
             continue
-        tag = xgrammar.get_model_structural_tag(model, tools=tools, tool_choice="required",
-                                                reasoning=False)
+        functions = [AllowedFunction(tool["function"]["name"], tool["function"]["parameters"], True)
+                     for tool in tools]
+        tag = build_structural_tag(wire, functions, "required")
         grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
         rendered = render_with_policy([{"role": "user", "content": "x"}, message], tools, template, None)
         start = rendered.index(CALL_PATTERNS[template](calls[0]["function"]["name"],
                                                        calls[0]["function"]["arguments"]))
-        end_marker = "<|eot_id|>" if template == "llama3_json" else "<|im_end|>"
-        reply = rendered[start:rendered.index(end_marker, start)]
+        start = _reply_start(rendered, start, template)
+        reply = rendered[start:rendered.index(END_OF_TURN[template], start)]
         assert _is_grammar_accept_string(grammar, reply), reply
         # and a call to a tool outside the catalog is not accepted
         assert not _is_grammar_accept_string(grammar, reply.replace(calls[0]["function"]["name"],

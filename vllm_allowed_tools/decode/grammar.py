@@ -104,8 +104,59 @@ def _xgrammar_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag:
         "parameters": function.parameters if function.parameters is not None else {},
         "strict": function.strict is True or turn.strict_level >= STRICT_PARAMETER}}
         for function in turn.functions]
-    return xgrammar_model_tag(spec.xgrammar_model, tools=tools, tool_choice=turn.mode, reasoning=False,
-                              parallel_tool_calls=turn.parallel, max_whitespace_cnt=turn.max_whitespace)
+    tag = xgrammar_model_tag(spec.xgrammar_model, tools=tools, tool_choice=turn.mode, reasoning=False,
+                             parallel_tool_calls=turn.parallel, max_whitespace_cnt=turn.max_whitespace)
+    return _renamed(tag, spec.rename) if spec.rename else tag
+
+
+#: the fields of a structural tag's nodes that hold markup (never a schema or a tool's text)
+_MARKUP_FIELDS = ("begin", "end", "triggers", "excludes")
+
+
+def _renamed(tag: StructuralTag, rename: Sequence[tuple[str, str]]) -> StructuralTag:
+    """``tag`` with its markup strings renamed in one pass (longest match first: ``</think>`` is
+    never read as ``<think>``)."""
+    import re
+    table = dict(rename)
+    pattern = re.compile("|".join(re.escape(old) for old in sorted(table, key=len, reverse=True)))
+
+    def markup(text: str) -> str:
+        return pattern.sub(lambda match: table[match.group(0)], text)
+
+    def visit(node: Any) -> Any:
+        if isinstance(node, list):
+            return [visit(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        return {key: ([markup(v) for v in value] if isinstance(value, list) else markup(value))
+                if key in _MARKUP_FIELDS and isinstance(value, (str, list)) else visit(value)
+                for key, value in node.items()}
+    return StructuralTag.model_validate(visit(tag.model_dump()))
+
+
+#: where a ``vllm`` grammar is built: vLLM's own builders, reached through the vLLM glue (this
+#: module imports no vLLM), which registers the function on import
+_VLLM_BUILDER: Callable[..., StructuralTag | None] | None = None
+
+
+def register_vllm_tag_builder(builder: Callable[..., StructuralTag | None]) -> None:
+    """Called by :mod:`vllm_allowed_tools.vllm_glue.vllm_tags` with its builder."""
+    global _VLLM_BUILDER
+    _VLLM_BUILDER = builder
+
+
+def _vllm_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
+    """vLLM's own builder for ``spec.vllm_model``, given only the allowed functions."""
+    if _VLLM_BUILDER is None:
+        import importlib
+        try:
+            importlib.import_module("vllm_allowed_tools.vllm_glue.vllm_tags")
+        except ImportError as exc:
+            raise ValueError(f"the {spec.vllm_model!r} grammar is vLLM's own builder: install vLLM "
+                             f"to build it ({exc})") from None
+    assert _VLLM_BUILDER is not None
+    return _VLLM_BUILDER(spec.vllm_model, turn.functions, turn.mode, turn.parallel, turn.strict_level,
+                         turn.max_whitespace)
 
 
 def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
@@ -129,7 +180,8 @@ def _code(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
 
 
 _BUILDERS: dict[str, Callable[[GrammarSpec, _Turn], StructuralTag | None]] = {
-    "tags": _tags, "xgrammar": _xgrammar_builtin, "json_array": _json_array, "code": _code}
+    "tags": _tags, "xgrammar": _xgrammar_builtin, "vllm": _vllm_builtin, "json_array": _json_array,
+    "code": _code}
 
 
 def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunction], mode: Mode, *,

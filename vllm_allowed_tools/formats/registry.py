@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 from ..grammars import GRAMMAR_DIR
 
-GrammarKind = Literal["tags", "xgrammar", "json_array", "code"]
-GRAMMAR_KINDS: tuple[str, ...] = ("tags", "xgrammar", "json_array", "code")
+GrammarKind = Literal["tags", "xgrammar", "vllm", "json_array", "code"]
+GRAMMAR_KINDS: tuple[str, ...] = ("tags", "xgrammar", "vllm", "json_array", "code")
 #: where a call shape's ``begin`` puts the function's name
 NAME_PLACEHOLDER = "{name}"
 
@@ -35,14 +35,18 @@ class GrammarSpec:
     """How the allowed-subset grammar is built for a format.
 
     ``tags``: calls as ``calls`` shapes, after ``trigger`` in auto mode; ``xgrammar``: xgrammar's
-    builtin template ``xgrammar_model``; ``json_array``: a JSON array of calls in required mode, no
-    grammar in auto mode; ``code``: ``builder(functions, mode, parallel_tool_calls, strict_level,
-    max_whitespace)`` returns the tag (or None)."""
+    builtin template ``xgrammar_model``, its markup strings optionally renamed by ``rename`` (a
+    format that shares another's grammar with other wrapper tokens); ``vllm``: the builder vLLM
+    registers for ``vllm_model`` (formats whose grammar vLLM owns); ``json_array``: a JSON array of
+    calls in required mode, no grammar in auto mode; ``code``: ``builder(functions, mode,
+    parallel_tool_calls, strict_level, max_whitespace)`` returns the tag (or None)."""
     kind: GrammarKind
     trigger: str | None = None
     calls: tuple[CallShape, ...] = ()
     argument_style: str = "json"
     xgrammar_model: str | None = None
+    rename: tuple[tuple[str, str], ...] = ()
+    vllm_model: str | None = None
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
 
@@ -55,6 +59,9 @@ class WireFormat:
     policy_block_marker: str
     call_triggers: tuple[str, ...]
     grammar: GrammarSpec
+    #: markers the base parser looks up in the vocabulary, so the model's tokenizer must hold each
+    #: as one token (the tiny test models get them added)
+    special_tokens: tuple[str, ...] = ()
 
     @property
     def parser_name(self) -> str:
@@ -110,6 +117,8 @@ def _check(entry: WireFormat) -> None:
         problems.append(f"a 'tags' grammar needs a trigger and calls whose begin holds {NAME_PLACEHOLDER}")
     if spec.kind == "xgrammar" and not spec.xgrammar_model:
         problems.append("an 'xgrammar' grammar needs xgrammar_model (an xgrammar builtin template)")
+    if spec.kind == "vllm" and not spec.vllm_model:
+        problems.append("a 'vllm' grammar needs vllm_model (a structural tag model vLLM registers)")
     if spec.kind == "code" and not callable(spec.builder):
         problems.append("a 'code' grammar needs a builder function")
     if problems:
@@ -121,11 +130,13 @@ def format_from_data(data: Mapping[str, Any], source: str = "data") -> WireForma
     try:
         grammar = dict(data["grammar"])
         calls = tuple(CallShape(call["begin"], call["end"]) for call in grammar.pop("calls", ()))
+        rename = tuple((old, new) for old, new in grammar.pop("rename", ()))
         return WireFormat(name=data["name"], base_parser_class=data["base_parser_class"],
                           template=data["template"], policy_block_marker=data["policy_block_marker"],
                           call_triggers=tuple(data["call_triggers"]),
-                          grammar=GrammarSpec(calls=calls, **grammar))
-    except (KeyError, TypeError) as exc:
+                          grammar=GrammarSpec(calls=calls, rename=rename, **grammar),
+                          special_tokens=tuple(data.get("special_tokens", ())))
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: not a wire-format file ({exc!s}); see docs/decode-path.md for "
                          "the keys each file needs") from None
 

@@ -1,0 +1,52 @@
+"""Grammars vLLM owns: its registered structural-tag builders, given only the allowed functions.
+
+Formats whose grammar vLLM builds itself (GLM's XML arguments, MiniMax's ``<invoke>`` calls) are
+``vllm`` grammars in the registry: the tag for an allowed subset is exactly the one vLLM's parser
+would build from that subset alone, so a vLLM upgrade that changes the builder changes ours with it.
+Importing this module registers the builder with :mod:`vllm_allowed_tools.decode.grammar`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from openai.types.responses import FunctionTool
+from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag, limit_to_single_tool_call
+from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
+from xgrammar.structural_tag import JSONSchemaFormat
+
+from ..decode.grammar import STRICT_PARAMETER, AllowedFunction, register_vllm_tag_builder
+
+
+def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: str, parallel: bool,
+                        strict_level: int, max_whitespace: int | None):
+    """vLLM's tag for ``model`` over ``functions`` (each ``strict`` pinned as vLLM pins it at
+    ``strict_level``), limited to one call without ``parallel``, its argument grammars capped at
+    ``max_whitespace`` (xgrammar's option on every ``JSONSchemaFormat``)."""
+    tools = [FunctionTool(type="function", name=function.name,
+                          parameters=dict(function.parameters) if isinstance(function.parameters, dict)
+                          else None,
+                          strict=function.strict is True or strict_level >= STRICT_PARAMETER)
+             for function in functions]
+    level = ToolStrictLevel.PARAMETER if strict_level >= STRICT_PARAMETER else ToolStrictLevel.FUNCTION
+    tag = get_model_structural_tag(model=model, tools=tools, tool_choice=mode, reasoning=False,
+                                   strict_level=level)
+    if tag is None:
+        return None
+    if not parallel:
+        limit_to_single_tool_call(tag)
+    if max_whitespace is not None:
+        _cap_whitespace(tag.format, max_whitespace)
+    return tag
+
+
+def _cap_whitespace(node: Any, limit: int) -> None:
+    if isinstance(node, JSONSchemaFormat):
+        node.max_whitespace_cnt = limit
+    for child in (getattr(node, name) for name in getattr(type(node), "model_fields", ())):
+        for item in child if isinstance(child, list) else [child]:
+            _cap_whitespace(item, limit)
+
+
+register_vllm_tag_builder(vllm_structural_tag)
