@@ -53,9 +53,11 @@ CALL_PATTERNS = {
     # <phi4_mini_json>
     # <xlam>
 }
-#: the text that ends an assistant turn in each template (where a rendered reply stops)
+#: the text that ends an assistant turn in each template (where a rendered reply stops); not hermes:
+#: its template puts a newline between parallel calls, which vLLM's hermes tag (and so ours) does not
+#: admit in required mode (one call per turn is accepted: test_call_markup.py)
 END_OF_TURN = {
-    "hermes": "<|im_end|>", "qwen3_coder": "<|im_end|>", "llama3_json": "<|eot_id|>",
+    "qwen3_coder": "<|im_end|>", "llama3_json": "<|eot_id|>",
     # <end: deepseek_v3>
     # <end: deepseek_v31>
     # <end: kimi_k2>
