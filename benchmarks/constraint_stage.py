@@ -1,6 +1,6 @@
 """The constraint stage measured: grammar compile time, per-token mask cost, decode throughput.
 
-    python benchmarks/constraint_stage.py [--part compile|catalog-names|subset|mask|decode|all] [--rounds 3]
+    python benchmarks/constraint_stage.py [--part compile|catalog-names|subset|mask|decode|outlines|all] [--rounds 3]
 
 * compile: building and compiling the allowed-subset structural tag (hermes) for catalogs of 8, 32
   and 128 tools (every tool allowed: the largest grammar a turn of that catalog needs), cold and
@@ -19,7 +19,10 @@
   unconstrained vs vLLM's native structural tag vs our logits-processor stage (whole grammar, and
   split), auto and required,
   batch 1 and 16, interleaved over rounds so machine noise hits every variant alike (every request
-  makes exactly ``--tokens`` tokens: ``ignore_eos``).
+  makes exactly ``--tokens`` tokens: ``ignore_eos``);
+* outlines: outlines_core next to xgrammar on a JSON-array format's required-mode schema (1 to 64
+  allowed tools): build time and per-token mask cost at both vocabulary sizes, each outlines
+  measurement capped at ``--outlines-timeout`` seconds (constraint_outlines.py).
 
 Nothing here is asserted: the README records a run.
 """
@@ -436,8 +439,9 @@ def _print(title: str, rows: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["compile", "catalog-names", "subset", "mask", "decode", "all"],
-                        default="all")
+    parser.add_argument("--part", default="all", choices=[
+        "compile", "catalog-names", "subset", "mask", "decode", "outlines", "all"])
+    parser.add_argument("--outlines-timeout", type=float, default=120.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
@@ -455,6 +459,10 @@ def main() -> None:
     if args.part in ("decode", "all"):
         _print(f"decode throughput, tiny tool-happy model, {args.tokens} tokens per request",
                bench_decode(args.rounds, args.tokens))
+    if args.part in ("outlines", "all"):
+        from constraint_outlines import bench_outlines
+        _print("outlines_core vs xgrammar, JSON-array required schema (mistral), one row",
+               bench_outlines(args.rounds, args.outlines_timeout))
 
 
 if __name__ == "__main__":
