@@ -47,7 +47,9 @@ CALL_PATTERNS = {
     # <deepseek_v31>
     # <kimi_k2>
     # <glm47>
-    # <minimax_m2>
+    "minimax_m2": lambda name, args: '<invoke name="{}">\n{}</invoke>\n'.format(
+        name, "".join(f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n'
+                      for k, v in args.items())),
     # <seed_oss>
     # <granite>
     # <phi4_mini_json>
@@ -62,7 +64,7 @@ END_OF_TURN = {
     # <end: deepseek_v31>
     # <end: kimi_k2>
     # <end: glm47>
-    # <end: minimax_m2>
+    "minimax_m2": "[e~[",
     # <end: seed_oss>
     # <end: granite>
     # <end: phi4_mini_json>
@@ -331,7 +333,7 @@ TAG_FORMATS = [(entry.name, entry.template) for entry in wire_formats()
 
 
 #: where a reply starts when its first call does not open it (the call block's opening markup)
-CALL_BLOCK_OPENING: dict[str, str] = {}
+CALL_BLOCK_OPENING: dict[str, str] = {"minimax_m2": "\n<minimax:tool_call>"}
 
 
 def _reply_start(rendered: str, first_call: int, template: str) -> int:
