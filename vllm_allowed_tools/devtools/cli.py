@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..testing.server import DEFAULT_PARSER, ServeError, start_server
-from ..testing.tiny_model import FLAVOURS, TinyModelError, ensure_model, validate_model_dir
+from ..testing.tiny_model import FLAVOURS, TinyModelError, validate_model_dir
 
 
 def _log(message: str) -> None:
@@ -23,10 +23,13 @@ def _log(message: str) -> None:
 
 
 def _resolve_model(args: argparse.Namespace) -> Path:
+    """``--model-dir``, or the cached tiny model (a copy holding the parser's format tokens, which
+    vLLM's parser looks up in the vocabulary)."""
     if args.model_dir is not None:
         validate_model_dir(args.model_dir)
         return args.model_dir
-    return ensure_model(args.flavour, args.seed, log=_log)
+    from ..testing.format_model import ensure_format_model, format_tokens
+    return ensure_format_model(args.flavour, args.seed, format_tokens(getattr(args, "parser", "")), log=_log)
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:

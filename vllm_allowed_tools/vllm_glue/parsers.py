@@ -20,7 +20,7 @@ from typing import Any
 from vllm.tool_parsers import ToolParserManager
 
 from ..decode.stage import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
-from ..decode.grammar import AllowedFunction, BuiltTag, built, tag_digest, turn_tag
+from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
 from ..decode.split import split_for_request
 from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
@@ -75,12 +75,17 @@ class AllowedToolsMixin:
     """Mixed in before a vLLM ToolParser subclass; see the module docstring."""
 
     allowed_tools_base_parser: str = ""
+    #: the ``structural_tag_model`` of a wrapper whose base parser has no structural tag of its own
+    #: while its format has one (ours, e.g. Seed-OSS's): vLLM then asks the wrapper for every tag
+    allowed_tools_own_tag_model: str | None = None
 
     # ---------------------------------------------------------------- grammar
     def get_structural_tag(self, request, *, reasoning: bool = False,
                            strict_level: ToolStrictLevel = ToolStrictLevel.AUTO):
         allowlist = request_allowlist(request)
         if allowlist is None:
+            if self.structural_tag_model == self.allowed_tools_own_tag_model:
+                return _plain_request_tag(self.allowed_tools_base_parser, request, strict_level)
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
         if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
@@ -305,6 +310,26 @@ def _allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunctio
     return [function for function in _catalog_functions(request) if function.name in allowlist.allowed]
 
 
+def _plain_request_tag(wire_format: str, request, strict_level):
+    """A request without an allowlist, on a format whose tag is ours: ``required`` and named
+    choices get the format's own grammar over the catalog (or the named function); anything else
+    is free text, as vLLM leaves it without a structural tag."""
+    choice = request.tool_choice
+    functions = _catalog_functions(request)
+    if choice == "required":
+        mode, parallel = "required", request.parallel_tool_calls is not False
+    elif choice is not None and not isinstance(choice, str) and _tool_name(choice):
+        functions = [function for function in functions if function.name == _tool_name(choice)]
+        mode, parallel = "required", False
+    else:
+        return None
+    if not functions:
+        return None
+    tag = build_structural_tag(wire_format, functions, mode, parallel_tool_calls=parallel,
+                               strict_level=int(strict_level), max_whitespace=_max_json_whitespace())
+    return tag
+
+
 def _allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
     """The cached tag for this turn (see grammar.turn_tag)."""
     return turn_tag(wire_format, _allowed_functions(request, allowlist),
@@ -357,6 +382,8 @@ def _max_json_whitespace() -> int | None:
 
 
 _CLASSES_LOCK = threading.Lock()
+#: grammar kinds that build a structural tag in every mode (``json_array`` is a JSON schema)
+TAG_KINDS = frozenset({"tags", "xgrammar", "vllm", "code"})
 
 
 def parser_class(entry: WireFormat) -> type:
@@ -366,11 +393,17 @@ def parser_class(entry: WireFormat) -> type:
         if existing is not None:
             return existing
         base = ToolParserManager.get_tool_parser(entry.name)
-        cls = type(entry.parser_class_name, (AllowedToolsMixin, base), {
+        namespace: dict[str, Any] = {
             "__doc__": f"vLLM's {entry.name!r} tool parser under the allowed-tools policy.",
             "__module__": __name__,
             "allowed_tools_base_parser": entry.name,
-        })
+        }
+        if base.structural_tag_model is None and entry.grammar.kind in TAG_KINDS:
+            # vLLM asks for a structural tag only when the class names a model (and then parses
+            # required and named choices with the parser, not as a JSON array)
+            namespace["structural_tag_model"] = namespace["allowed_tools_own_tag_model"] = \
+                entry.parser_name
+        cls = type(entry.parser_class_name, (AllowedToolsMixin, base), namespace)
         globals()[entry.parser_class_name] = cls
         return cls
 

@@ -1,0 +1,188 @@
+"""The model families' wrappers end to end: one real `vllm serve` per format, its bundled template,
+the tiny random model with the format's markers as single tokens (``serve-tiny --parser`` builds
+that copy from the registry's ``special_tokens``).
+
+Per format, with the official ``openai`` SDK, for an 8-tool catalog and a 2-tool subset:
+
+* ``required`` with ``parallel_tool_calls: false``: exactly one call, allowed, arguments an object of
+  the tool's schema, on Chat Completions and Responses, over two seeds;
+* the same request streamed gives the same calls as unary (the random model's names take several
+  tokens, so each name reaches the parser split across chunks);
+* ``auto`` with the sampler pushed onto the format's trigger token (``logit_bias``, Chat): the model
+  does start calls, and every one is allowed; without the push, on Responses: never a disallowed
+  call;
+* an invalid selection is a 400 naming the field, on both endpoints.
+
+Servers run on the stage this machine picks (on CPU: our logits-processor stage).
+``VLLM_ALLOWED_TOOLS_FAMILY_STAGES=all`` also runs every format on vLLM's native stage (the full
+matrix) and the aliases; by default the native stage runs for the formats in NATIVE_SAMPLE, one per
+kind of grammar, so CI stays within its time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import openai
+import pytest
+from conftest import start_cli_server, stop_cli_server
+
+from vllm_allowed_tools.formats import wire_format
+from vllm_allowed_tools.testing.calls import chat_selection, responses_calls, responses_selection
+from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+
+pytestmark = pytest.mark.server
+
+FAMILIES = ["deepseek_v3", "deepseek_v31", "kimi_k2", "glm47", "minimax_m2", "llama4_pythonic", "granite4",
+            "granite", "seed_oss", "phi4_mini_json", "xlam"]
+#: formats that are another format under a second vLLM name (same parser class, grammar and
+#: template: tests/test_families.py): served in the full matrix only
+ALIASES = {"glm45": "glm47", "llama4_json": "llama3_json", "qwen3_xml": "qwen3_coder"}
+#: the native stage for one format per kind of grammar (xgrammar's, vLLM's, ours renamed)
+NATIVE_SAMPLE = ["kimi_k2", "minimax_m2", "seed_oss"]
+STAGES = {"default": {}, "native": {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}}
+SEEDS = (0, 1)
+MAX_TOKENS = 160
+
+
+def _cases() -> list:
+    everything = os.environ.get("VLLM_ALLOWED_TOOLS_FAMILY_STAGES", "").strip().lower() == "all"
+    families = FAMILIES + sorted(ALIASES) if everything else FAMILIES
+    return [pytest.param((family, stage), id=f"{family}-{stage}") for stage in STAGES
+            for family in families if stage == "default" or everything or family in NATIVE_SAMPLE]
+
+
+@pytest.fixture(scope="module", params=_cases())
+def served(request):
+    family, stage = request.param
+    server = start_cli_server("random", env=STAGES[stage], options=["--parser", f"allowed_{family}"])
+    yield family, server
+    stop_cli_server(server)
+
+
+def catalog_and_subset(seed: int):
+    rng = random.Random(2000 + seed)
+    catalog = sample_catalog(rng, 8)
+    return catalog, sorted(tool.name for tool in rng.sample(catalog, 2))
+
+
+def chat_request(catalog, mode: str, subset, seed: int, **extra) -> dict:
+    return dict(model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
+                tools=[tool.chat_tool() for tool in catalog], tool_choice=chat_selection(mode, subset),
+                parallel_tool_calls=False, max_tokens=MAX_TOKENS, temperature=1.0, seed=seed, **extra)
+
+
+def chat_answer(client, request: dict, stream: bool) -> list[tuple[str, str]]:
+    if not stream:
+        message = client.chat.completions.create(**request).choices[0].message
+        return [(call.function.name, call.function.arguments) for call in message.tool_calls or []]
+    calls: dict[int, list[str]] = {}
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            entry = calls.setdefault(call.index, ["", ""])
+            entry[0] += (call.function.name or "") if call.function else ""
+            entry[1] += (call.function.arguments or "") if call.function else ""
+    return [tuple(calls[index]) for index in sorted(calls)]
+
+
+def arguments_fit(name: str, arguments: str) -> bool:
+    """The arguments are an object the tool's schema accepts (XML-style formats may frame a fixed
+    value with whitespace the parser keeps: a known limit of vLLM's XML parsers, judged stripped)."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        return False
+    if not isinstance(parsed, dict):
+        return False
+    stripped = {key: value.strip() if isinstance(value, str) else value for key, value in parsed.items()}
+    return POOL_BY_NAME[name].arguments_valid(parsed) or POOL_BY_NAME[name].arguments_valid(stripped)
+
+
+def one_allowed_call(calls, subset, context) -> None:
+    assert len(calls) == 1, context
+    name, arguments = calls[0][:2]
+    assert name in subset, context
+    assert arguments_fit(name, arguments), context
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_required_gives_one_allowed_call_on_chat(served, seed):
+    family, server = served
+    catalog, subset = catalog_and_subset(seed)
+    calls = chat_answer(server.client(), chat_request(catalog, "required", subset, seed), stream=False)
+    one_allowed_call(calls, subset, (family, seed, calls, server.log_tail(20)))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_required_gives_one_allowed_call_on_responses(served, seed):
+    family, server = served
+    catalog, subset = catalog_and_subset(seed)
+    reply = responses_calls(server.client(), catalog, "required", subset, seed, max_tokens=MAX_TOKENS)
+    one_allowed_call(reply.calls, subset, (family, seed, reply.calls, server.log_tail(20)))
+
+
+def test_a_streamed_required_answer_is_the_unary_one(served):
+    family, server = served
+    catalog, subset = catalog_and_subset(0)
+    request = chat_request(catalog, "required", subset, 0)
+    unary = chat_answer(server.client(), request, stream=False)
+    assert chat_answer(server.client(), request, stream=True) == unary, family
+    streamed = responses_calls(server.client(), catalog, "required", subset, 0, stream=True,
+                               max_tokens=MAX_TOKENS)
+    one_allowed_call(streamed.calls, subset, (family, streamed.calls))
+
+
+def _trigger_token(family: str) -> int | None:
+    """The token id of the format's call trigger when it is one token of the served vocabulary."""
+    from transformers import AutoTokenizer
+
+    from vllm_allowed_tools.testing.format_model import ensure_format_model
+    entry = wire_format(family)
+    if not entry.call_triggers:
+        return None
+    model = ensure_format_model("random", 0, entry.special_tokens, log=lambda *_: None)   # cached
+    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    ids = tokenizer.encode(entry.call_triggers[0], add_special_tokens=False)
+    return ids[0] if len(ids) == 1 else None
+
+
+def test_auto_pushed_onto_the_trigger_calls_only_allowed_tools(served):
+    """The grammar lets auto mode call only the subset: with the trigger token favoured, the random
+    model opens calls at once, and each call it finishes is to an allowed tool."""
+    family, server = served
+    token = _trigger_token(family)
+    if token is None:
+        pytest.skip(f"{family}: no single-token call trigger (auto mode has no grammar to push onto; "
+                    "the parser and the output guard drop disallowed calls)")
+    called = 0
+    for seed in range(4):
+        catalog, subset = catalog_and_subset(seed)
+        calls = chat_answer(server.client(), chat_request(catalog, "auto", subset, seed,
+                                                          logit_bias={str(token): 100}), stream=seed % 2 == 1)
+        assert all(name in subset for name, _ in calls), (family, seed, calls, subset)
+        called += len(calls)
+    assert called >= 2, (family, called, server.log_tail(30))
+
+
+def test_auto_never_calls_outside_the_subset_on_responses(served):
+    family, server = served
+    for seed in SEEDS:
+        catalog, subset = catalog_and_subset(seed)
+        reply = responses_calls(server.client(), catalog, "auto", subset, seed, max_tokens=60)
+        assert all(call[0] in subset for call in reply.calls), (family, seed, reply.calls)
+
+
+def test_an_invalid_selection_is_a_400_naming_the_field(served):
+    _, server = served
+    catalog, _ = catalog_and_subset(0)
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(**chat_request(catalog, "required", ["not_in_the_catalog"], 0))
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.responses.create(model="tiny", input="Go ahead.",
+                                tools=[tool.responses_tool() for tool in catalog],
+                                tool_choice=responses_selection("required", ["not_in_the_catalog"]))

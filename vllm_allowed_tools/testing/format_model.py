@@ -1,0 +1,66 @@
+"""A tiny model for a wire format: the cached tiny model with the format's markers as single tokens.
+
+vLLM's parsers look their markers up in the vocabulary (DeepSeek's ``<｜tool▁calls▁begin｜>``, Kimi's
+``<|tool_calls_section_begin|>``, ...) and refuse a tokenizer without them, and a grammar's trigger
+is only one sampling step away when it is one token. So each format is served a copy of the tiny
+model whose tokenizer holds the registry's ``special_tokens`` as added tokens (not "special": they
+must survive detokenization, as in the real models' tokenizers), with embedding rows added where
+the vocabulary has no room (seeded, so the copy is deterministic).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..formats import wire_format
+from .tiny_model import default_cache_dir, ensure_model
+
+def format_tokens(parser: str) -> tuple[str, ...]:
+    """The tokens the format behind ``parser`` (ours or vLLM's name) needs in the vocabulary."""
+    try:
+        return wire_format(parser).special_tokens
+    except ValueError:
+        return ()
+
+
+def ensure_format_model(flavour: str, seed: int, tokens: tuple[str, ...], cache_dir: Path | None = None,
+                        log=print) -> Path:
+    """The cached ``(flavour, seed)`` tiny model, or a cached copy of it holding ``tokens``."""
+    base = ensure_model(flavour, seed, cache_dir=cache_dir, log=log)
+    if not tokens:
+        return base
+    digest = hashlib.sha256(json.dumps([base.name, json.loads((base / "vllm_allowed_tools_model.json")
+                                        .read_text()).get("recipe"), list(tokens)]).encode())
+    out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{base.name}-tokens-{digest.hexdigest()[:12]}"
+    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    log(f"adding {len(tokens)} format tokens to a copy of {base} in {out}")
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
+    try:
+        shutil.copytree(base, staging, dirs_exist_ok=True)
+        add_tokens(staging, tokens)
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def add_tokens(model_dir: Path, tokens: tuple[str, ...]) -> None:
+    """Add ``tokens`` to the tokenizer in ``model_dir`` (in place); the model's vocabulary (2048
+    rows, a few hundred used) has room for them."""
+    from tokenizers import AddedToken, Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in tokens])
+    rows = json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    if tokenizer.get_vocab_size(with_added_tokens=True) > rows:
+        raise ValueError(f"{model_dir}: {len(tokens)} more tokens do not fit the model's {rows} "
+                         "embedding rows")
+    tokenizer.save(str(model_dir / "tokenizer.json"))
