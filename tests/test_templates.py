@@ -50,7 +50,9 @@ CALL_PATTERNS = {
     "minimax_m2": lambda name, args: '<invoke name="{}">\n{}</invoke>\n'.format(
         name, "".join(f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n'
                       for k, v in args.items())),
-    # <seed_oss>
+    "seed_oss": lambda name, args: "<seed:tool_call>\n<function={}>\n{}</function>\n</seed:tool_call>"
+    .format(name, "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
+                          for k, v in args.items())),
     # <granite>
     # <phi4_mini_json>
     # <xlam>
@@ -65,7 +67,7 @@ END_OF_TURN = {
     # <end: kimi_k2>
     # <end: glm47>
     "minimax_m2": "[e~[",
-    # <end: seed_oss>
+    "seed_oss": "<seed:eos>",
     # <end: granite>
     # <end: phi4_mini_json>
     # <end: xlam>
