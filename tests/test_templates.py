@@ -53,7 +53,7 @@ CALL_PATTERNS = {
     "seed_oss": lambda name, args: "<seed:tool_call>\n<function={}>\n{}</function>\n</seed:tool_call>"
     .format(name, "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
                           for k, v in args.items())),
-    # <granite>
+    "granite": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
     # <phi4_mini_json>
     # <xlam>
 }
