@@ -43,7 +43,8 @@ CALL_PATTERNS = {
     "mistral": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
     "pythonic": lambda name, args: "{}({})".format(
         name, ", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())),
-    # <deepseek_v3>
+    "deepseek_v3": lambda name, args: (f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
+                                       f"{json.dumps(args)}\n```<｜tool▁call▁end｜>"),
     # <deepseek_v31>
     # <kimi_k2>
     # <glm47>
@@ -62,7 +63,7 @@ CALL_PATTERNS = {
 #: admit in required mode (one call per turn is accepted: test_call_markup.py)
 END_OF_TURN = {
     "qwen3_coder": "<|im_end|>", "llama3_json": "<|eot_id|>",
-    # <end: deepseek_v3>
+    "deepseek_v3": "<｜end▁of▁sentence｜>",
     # <end: deepseek_v31>
     # <end: kimi_k2>
     # <end: glm47>
@@ -335,7 +336,10 @@ TAG_FORMATS = [(entry.name, entry.template) for entry in wire_formats()
 
 
 #: where a reply starts when its first call does not open it (the call block's opening markup)
-CALL_BLOCK_OPENING: dict[str, str] = {"minimax_m2": "\n<minimax:tool_call>"}
+CALL_BLOCK_OPENING: dict[str, str] = {"minimax_m2": "\n<minimax:tool_call>",
+                                      "deepseek_v3": "<｜tool▁calls▁begin｜>",
+                                      "deepseek_v31": "<｜tool▁calls▁begin｜>",
+                                      "kimi_k2": "<|tool_calls_section_begin|>"}
 
 
 def _reply_start(rendered: str, first_call: int, template: str) -> int:
