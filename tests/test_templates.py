@@ -55,7 +55,7 @@ CALL_PATTERNS = {
     .format(name, "".join(f"<parameter={k}>\n{v if isinstance(v, str) else json.dumps(v)}\n</parameter>\n"
                           for k, v in args.items())),
     "granite": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
-    # <phi4_mini_json>
+    "phi4_mini_json": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
     # <xlam>
 }
 #: the text that ends an assistant turn in each template (where a rendered reply stops); not hermes:
