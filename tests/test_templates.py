@@ -45,7 +45,8 @@ CALL_PATTERNS = {
         name, ", ".join(f"{k}={json.dumps(v)}" for k, v in args.items())),
     "deepseek_v3": lambda name, args: (f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n"
                                        f"{json.dumps(args)}\n```<｜tool▁call▁end｜>"),
-    # <deepseek_v31>
+    "deepseek_v31": lambda name, args: (f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"
+                                        f"{json.dumps(args)}<｜tool▁call▁end｜>"),
     # <kimi_k2>
     # <glm47>
     "minimax_m2": lambda name, args: '<invoke name="{}">\n{}</invoke>\n'.format(
@@ -64,7 +65,7 @@ CALL_PATTERNS = {
 END_OF_TURN = {
     "qwen3_coder": "<|im_end|>", "llama3_json": "<|eot_id|>",
     "deepseek_v3": "<｜end▁of▁sentence｜>",
-    # <end: deepseek_v31>
+    "deepseek_v31": "<｜end▁of▁sentence｜>",
     # <end: kimi_k2>
     # <end: glm47>
     "minimax_m2": "[e~[",
