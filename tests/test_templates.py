@@ -57,7 +57,7 @@ CALL_PATTERNS = {
                           for k, v in args.items())),
     "granite": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
     "phi4_mini_json": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
-    # <xlam>
+    "xlam": lambda name, args: f'{{"name": "{name}", "arguments": {json.dumps(args)}}}',
 }
 #: the text that ends an assistant turn in each template (where a rendered reply stops); not hermes:
 #: its template puts a newline between parallel calls, which vLLM's hermes tag (and so ours) does not
