@@ -47,7 +47,7 @@ CALL_PATTERNS = {
                                        f"{json.dumps(args)}\n```<｜tool▁call▁end｜>"),
     "deepseek_v31": lambda name, args: (f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"
                                         f"{json.dumps(args)}<｜tool▁call▁end｜>"),
-    # <kimi_k2>
+    "kimi_k2": lambda name, args: f"<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|>",  # ids: below
     # <glm47>
     "minimax_m2": lambda name, args: '<invoke name="{}">\n{}</invoke>\n'.format(
         name, "".join(f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n'
@@ -66,7 +66,7 @@ END_OF_TURN = {
     "qwen3_coder": "<|im_end|>", "llama3_json": "<|eot_id|>",
     "deepseek_v3": "<｜end▁of▁sentence｜>",
     "deepseek_v31": "<｜end▁of▁sentence｜>",
-    # <end: kimi_k2>
+    "kimi_k2": "<|im_end|>",
     # <end: glm47>
     "minimax_m2": "[e~[",
     "seed_oss": "<seed:eos>",
@@ -468,3 +468,33 @@ def test_content_parts_render_like_strings_joined_by_newlines(template):
     joined = [{"role": "system", "content": "a\nb"}, {"role": "user", "content": "c\nd"}]
     tools = catalog_tools(size=2)
     assert render_chat(parts, tools, template=template) == render_chat(joined, tools, template=template)
+
+
+def test_kimi_call_ids_count_calls_from_the_start_and_results_name_them():
+    """Kimi's parser reads the function name from the call id: every past call is
+    `functions.NAME:N` (N counts calls from the start), whatever id the client sent (here reused on
+    every turn), and each tool result names the id of the call it answers (results out of order)."""
+    tools = catalog_tools()
+    messages = agent_transcript(tools)
+    for index, message in enumerate(messages):
+        if len(message.get("tool_calls") or []) == 2:
+            messages[index + 1], messages[index + 2] = messages[index + 2], messages[index + 1]
+    reused = {}
+    for message in messages:
+        for index, call in enumerate(message.get("tool_calls") or []):
+            reused[call["id"]] = f"call_{index}"
+            call["id"] = reused[call["id"]]
+        if message["role"] == "tool":
+            message["content"] = f"result of {message['tool_call_id']}"
+            message["tool_call_id"] = reused[message["tool_call_id"]]
+    text = render_with_policy(messages, tools, "kimi_k2", None)
+    calls = [call for message in normalize_messages(messages) for call in message.get("tool_calls") or []]
+    position = 0
+    for n, call in enumerate(calls):
+        call_id = f"functions.{call['function']['name']}:{n}"
+        expected = (f"<|tool_call_begin|>{call_id}<|tool_call_argument_begin|>"
+                    f"{json.dumps(call['function']['arguments'])}<|tool_call_end|>")
+        position = text.index(expected, position)
+        result = f"## Return of {call_id}\nresult of call_{n}<|im_end|>"
+        assert text.count(f"## Return of {call_id}\n") == 1 and text.index(result) > position
+    assert text.count("<|tool_call_begin|>") == len(calls)
