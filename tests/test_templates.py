@@ -47,8 +47,10 @@ CALL_PATTERNS = {
                                        f"{json.dumps(args)}\n```<｜tool▁call▁end｜>"),
     "deepseek_v31": lambda name, args: (f"<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"
                                         f"{json.dumps(args)}<｜tool▁call▁end｜>"),
-    "kimi_k2": lambda name, args: f"<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|>",  # ids: below
-    # <glm47>
+    "kimi_k2": lambda name, args: f"<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|>",
+    "glm47": lambda name, args: "<tool_call>{}{}</tool_call>".format(name, "".join(
+        f"<arg_key>{k}</arg_key><arg_value>{v if isinstance(v, str) else json.dumps(v)}</arg_value>"
+        for k, v in args.items())),
     "minimax_m2": lambda name, args: '<invoke name="{}">\n{}</invoke>\n'.format(
         name, "".join(f'<parameter name="{k}">{v if isinstance(v, str) else json.dumps(v)}</parameter>\n'
                       for k, v in args.items())),
@@ -67,7 +69,7 @@ END_OF_TURN = {
     "deepseek_v3": "<｜end▁of▁sentence｜>",
     "deepseek_v31": "<｜end▁of▁sentence｜>",
     "kimi_k2": "<|im_end|>",
-    # <end: glm47>
+    "glm47": "<|",   # GLM turns have no end marker: the next role token (<|observation|>, ...) ends one
     "minimax_m2": "[e~[",
     "seed_oss": "<seed:eos>",
     # <end: granite>
