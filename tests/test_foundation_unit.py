@@ -20,7 +20,7 @@ from vllm_allowed_tools.testing.tool_pool import POOL, sample_catalog
 def test_templates_ship_inside_the_package():
     path = template_path("hermes")
     assert path.is_file() and "vllm_allowed_tools" in path.parts
-    with pytest.raises(FileNotFoundError, match="available: hermes"):
+    with pytest.raises(FileNotFoundError, match="available: .*hermes"):
         template_path("nope")
 
 
