@@ -388,13 +388,13 @@ def test_the_parser_leaves_a_native_json_schema_and_moves_the_rest(monkeypatch):
     from vllm.sampling_params import StructuredOutputsParams
 
     from vllm_allowed_tools.decode.stage import XARGS_TAG
-    from vllm_allowed_tools.vllm_glue import capabilities, parsers
+    from vllm_allowed_tools.vllm_glue import capabilities, turn_grammar
     schema = _tool_array(ENUM)
     for active, moved in ((ServerCapabilities("logits-processor", "outlines"), False),
                           (ServerCapabilities("logits-processor"), True)):
         monkeypatch.setattr(capabilities, "_ACTIVE", active)
         request = SimpleNamespace(structured_outputs=StructuredOutputsParams(json=json.dumps(schema)),
                                   vllm_xargs=None)
-        parsers._hand_grammar_to_logits_processor(request, "pythonic", None)
+        turn_grammar.hand_grammar_to_logits_processor(request, "pythonic", None)
         assert (request.structured_outputs is None) is moved
         assert (XARGS_TAG in (request.vllm_xargs or {})) is moved

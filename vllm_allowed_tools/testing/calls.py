@@ -65,12 +65,14 @@ def chat_calls(client: Any, catalog: Sequence[Any], mode: str, allowed: Sequence
 def responses_calls(client: Any, catalog: Sequence[Any] | None, mode: str, allowed: Sequence[str],
                     seed: int, *, stream: bool = False, parallel: bool = False,
                     max_tokens: int = 120, system: str | None = None,
-                    tools: list[dict] | None = None) -> Reply:
-    """Ask Responses for calls from `catalog` (or raw `tools`) under `allowed`."""
+                    tools: list[dict] | None = None, extra_body: dict | None = None) -> Reply:
+    """Ask Responses for calls from `catalog` (or raw `tools`) under `allowed` (``extra_body``:
+    vLLM's sampling extensions, e.g. ``logit_bias``)."""
     request = dict(model="tiny", input=USER_TURN,
                    tools=tools or [tool.responses_tool() for tool in catalog or ()],
                    tool_choice=responses_selection(mode, allowed), parallel_tool_calls=parallel,
-                   max_output_tokens=max_tokens, temperature=1.0, extra_body={"seed": seed})
+                   max_output_tokens=max_tokens, temperature=1.0,
+                   extra_body={"seed": seed, **(extra_body or {})})
     if system:
         request["instructions"] = system
     if not stream:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Sequence
 from os.path import commonprefix
@@ -19,14 +18,19 @@ from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
 
-from ..decode.stage import STAGE_LOGITS_PROCESSOR, XARGS_DIGEST, XARGS_TAG
-from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
-from ..decode.split import split_for_request
+from ..decode.stage import STAGE_LOGITS_PROCESSOR
 from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
-from .capabilities import active_constraint_stage, json_schema_stays_native
+from .capabilities import active_constraint_stage
+from .turn_grammar import (
+    allowed_subset_tag,
+    function_tools,
+    hand_grammar_to_logits_processor,
+    plain_request_tag,
+    tool_name,
+)
 
 try:  # vLLM 0.32 / 0.33
     from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
@@ -38,10 +42,6 @@ from vllm.tool_parsers.structural_tag_registry import limit_to_single_tool_call
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 
 logger = logging.getLogger(__name__)
-
-#: operator knob: the most whitespace characters allowed between JSON tokens in argument grammars
-MAX_WHITESPACE_ENV = "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"
-
 
 def call_start(text: str, triggers: Sequence[str]) -> int | None:
     """Where the first call starts in ``text``: the first trigger, or a trailing piece of one that
@@ -60,14 +60,9 @@ def request_allowlist(request: Any) -> WireAllowlist | None:
     return WireAllowlist.from_wire(extra.get(ALLOWLIST_KEY))
 
 
-def _tool_name(tool: Any) -> str | None:
-    function = getattr(tool, "function", None)
-    return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
-
-
 def _narrowed(request, allowlist: WireAllowlist):
     """A deep copy of `request` whose tools are only the allowed ones (namespaces flattened)."""
-    allowed = [tool for tool in _function_tools(request) if _tool_name(tool) in allowlist.allowed]
+    allowed = [tool for tool in function_tools(request) if tool_name(tool) in allowlist.allowed]
     return request.model_copy(update={"tools": allowed}, deep=True)
 
 
@@ -85,11 +80,11 @@ class AllowedToolsMixin:
         allowlist = request_allowlist(request)
         if allowlist is None:
             if self.structural_tag_model == self.allowed_tools_own_tag_model:
-                return _plain_request_tag(self.allowed_tools_base_parser, request, strict_level)
+                return plain_request_tag(self.allowed_tools_base_parser, request, strict_level)
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
         if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
-        subset_tag = _allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
+        subset_tag = allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                          max(strict_level, ToolStrictLevel.FUNCTION))
         return subset_tag.tag if subset_tag is not None else None
 
@@ -112,7 +107,7 @@ class AllowedToolsMixin:
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
-            _hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
+            hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
         return request
 
     def _ensure_structural_tag(self, request, allowlist: WireAllowlist):
@@ -286,99 +281,6 @@ class AllowedToolsMixin:
         if not kept and not delta.content and not getattr(delta, "reasoning", None):
             return None
         return delta.model_copy(update={"tool_calls": kept})
-
-
-def _function_tools(request) -> list[Any]:
-    """The request's function tools as the model sees them (namespace members flattened)."""
-    tools = list(request.tools or [])
-    try:
-        from vllm.tool_parsers.utils import get_function_tools
-        return list(get_function_tools(tools))
-    except ImportError:  # pragma: no cover - older vLLM without namespace flattening
-        return tools
-
-
-def _catalog_functions(request) -> list[AllowedFunction]:
-    """Every function of the request's catalog, in catalog order."""
-    functions = [getattr(tool, "function", None) or tool for tool in _function_tools(request)]
-    return [AllowedFunction(name=function.name, parameters=function.parameters,
-                            strict=getattr(function, "strict", None)) for function in functions]
-
-
-def _allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunction]:
-    """The allowed functions in catalog order."""
-    return [function for function in _catalog_functions(request) if function.name in allowlist.allowed]
-
-
-def _plain_request_tag(wire_format: str, request, strict_level):
-    """A request without an allowlist, on a format whose tag is ours: ``required`` and named
-    choices get the format's own grammar over the catalog (or the named function); anything else
-    is free text, as vLLM leaves it without a structural tag."""
-    choice = request.tool_choice
-    functions = _catalog_functions(request)
-    if choice == "required":
-        mode, parallel = "required", request.parallel_tool_calls is not False
-    elif choice is not None and not isinstance(choice, str) and _tool_name(choice):
-        functions = [function for function in functions if function.name == _tool_name(choice)]
-        mode, parallel = "required", False
-    else:
-        return None
-    if not functions:
-        return None
-    tag = build_structural_tag(wire_format, functions, mode, parallel_tool_calls=parallel,
-                               strict_level=int(strict_level), max_whitespace=_max_json_whitespace())
-    return tag
-
-
-def _allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
-    """The cached tag for this turn (see grammar.turn_tag)."""
-    return turn_tag(wire_format, _allowed_functions(request, allowlist),
-                    catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
-                    mode=allowlist.mode,  # type: ignore[arg-type]
-                    parallel_tool_calls=allowlist.parallel_tool_calls, strict_level=int(strict_level),
-                    max_whitespace=_max_json_whitespace())
-
-
-def _hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireAllowlist) -> None:
-    """Move the grammar from vLLM's native structured outputs to our logits processor's request
-    arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one),
-    with its split into catalog and envelope where it has one (decode/split.py). A JSON schema the
-    native backend compiles exactly stays there (capabilities.json_schema_stays_native)."""
-    outputs = getattr(request, "structured_outputs", None)
-    if outputs is None or (outputs.structural_tag is None and outputs.json is not None
-                           and json_schema_stays_native(outputs.json)):
-        return
-    if outputs.structural_tag is not None:
-        tag_json = outputs.structural_tag
-    elif outputs.json is not None:
-        from xgrammar import StructuralTag
-        from xgrammar.structural_tag import JSONSchemaFormat
-        schema = json.loads(outputs.json) if isinstance(outputs.json, str) else outputs.json
-        tag_json = built(StructuralTag(format=JSONSchemaFormat(json_schema=schema))).json
-    else:
-        return
-    split = split_for_request(
-        wire_format, tag_json, _catalog_functions(request), _allowed_functions(request, allowlist),
-        catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
-        mode=allowlist.mode,  # type: ignore[arg-type]
-        parallel_tool_calls=allowlist.parallel_tool_calls,
-        max_whitespace=_max_json_whitespace()) if outputs.structural_tag else None
-    request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json,
-                          XARGS_DIGEST: tag_digest(tag_json),
-                          **(split.extra_args() if split is not None else {})}
-    request.structured_outputs = None
-
-
-def _max_json_whitespace() -> int | None:
-    value = os.environ.get(MAX_WHITESPACE_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        return max(1, int(value))   # xgrammar needs at least 1
-    except ValueError:
-        raise CapabilityError(f"{MAX_WHITESPACE_ENV}={value!r} is not an integer; set a whole number "
-                              "of whitespace characters or unset it", capability="config",
-                              status=500) from None
 
 
 _CLASSES_LOCK = threading.Lock()

@@ -1,0 +1,120 @@
+"""The grammar a request is decoded with, as the wrappers hand it to vLLM or to our logits processor.
+
+The wrappers in :mod:`.parsers` decide *when* a turn is constrained; this module builds *what*: the
+allowed subset's tag (cached), the format's own tag for plain requests on formats whose base parser
+has none, and the move of a grammar from vLLM's structured outputs to the logits-processor stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
+from ..decode.split import split_for_request
+from ..decode.stage import XARGS_DIGEST, XARGS_TAG
+from ..errors import CapabilityError
+from ..request.rewrite import WireAllowlist
+from .capabilities import json_schema_stays_native
+
+#: operator knob: the most whitespace characters allowed between JSON tokens in argument grammars
+MAX_WHITESPACE_ENV = "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"
+
+
+def tool_name(tool: Any) -> str | None:
+    function = getattr(tool, "function", None)
+    return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
+
+
+def function_tools(request) -> list[Any]:
+    """The request's function tools as the model sees them (namespace members flattened)."""
+    tools = list(request.tools or [])
+    try:
+        from vllm.tool_parsers.utils import get_function_tools
+        return list(get_function_tools(tools))
+    except ImportError:  # pragma: no cover - older vLLM without namespace flattening
+        return tools
+
+
+def catalog_functions(request) -> list[AllowedFunction]:
+    """Every function of the request's catalog, in catalog order."""
+    functions = [getattr(tool, "function", None) or tool for tool in function_tools(request)]
+    return [AllowedFunction(name=function.name, parameters=function.parameters,
+                            strict=getattr(function, "strict", None)) for function in functions]
+
+
+def allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunction]:
+    """The allowed functions in catalog order."""
+    return [function for function in catalog_functions(request) if function.name in allowlist.allowed]
+
+
+def plain_request_tag(wire_format: str, request, strict_level):
+    """A request without an allowlist, on a format whose tag is ours: ``required`` and named
+    choices get the format's own grammar over the catalog (or the named function); anything else
+    is free text, as vLLM leaves it without a structural tag."""
+    choice = request.tool_choice
+    functions = catalog_functions(request)
+    if choice == "required":
+        mode, parallel = "required", request.parallel_tool_calls is not False
+    elif choice is not None and not isinstance(choice, str) and tool_name(choice):
+        functions = [function for function in functions if function.name == tool_name(choice)]
+        mode, parallel = "required", False
+    else:
+        return None
+    if not functions:
+        return None
+    tag = build_structural_tag(wire_format, functions, mode, parallel_tool_calls=parallel,
+                               strict_level=int(strict_level), max_whitespace=max_json_whitespace())
+    return tag
+
+
+def allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
+    """The cached tag for this turn (see grammar.turn_tag)."""
+    return turn_tag(wire_format, allowed_functions(request, allowlist),
+                    catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
+                    mode=allowlist.mode,  # type: ignore[arg-type]
+                    parallel_tool_calls=allowlist.parallel_tool_calls, strict_level=int(strict_level),
+                    max_whitespace=max_json_whitespace())
+
+
+def hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireAllowlist) -> None:
+    """Move the grammar from vLLM's native structured outputs to our logits processor's request
+    arguments (the same grammar: a structural tag, or the JSON-schema fallback wrapped in one),
+    with its split into catalog and envelope where it has one (decode/split.py). A JSON schema the
+    native backend compiles exactly stays there (capabilities.json_schema_stays_native)."""
+    outputs = getattr(request, "structured_outputs", None)
+    if outputs is None or (outputs.structural_tag is None and outputs.json is not None
+                           and json_schema_stays_native(outputs.json)):
+        return
+    if outputs.structural_tag is not None:
+        tag_json = outputs.structural_tag
+    elif outputs.json is not None:
+        from xgrammar import StructuralTag
+        from xgrammar.structural_tag import JSONSchemaFormat
+        schema = json.loads(outputs.json) if isinstance(outputs.json, str) else outputs.json
+        tag_json = built(StructuralTag(format=JSONSchemaFormat(json_schema=schema))).json
+    else:
+        return
+    split = split_for_request(
+        wire_format, tag_json, catalog_functions(request), allowed_functions(request, allowlist),
+        catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
+        mode=allowlist.mode,  # type: ignore[arg-type]
+        parallel_tool_calls=allowlist.parallel_tool_calls,
+        max_whitespace=max_json_whitespace()) if outputs.structural_tag else None
+    request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json,
+                          XARGS_DIGEST: tag_digest(tag_json),
+                          **(split.extra_args() if split is not None else {})}
+    request.structured_outputs = None
+
+
+def max_json_whitespace() -> int | None:
+    value = os.environ.get(MAX_WHITESPACE_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        return max(1, int(value))   # xgrammar needs at least 1
+    except ValueError:
+        raise CapabilityError(f"{MAX_WHITESPACE_ENV}={value!r} is not an integer; set a whole number "
+                              "of whitespace characters or unset it", capability="config",
+                              status=500) from None
