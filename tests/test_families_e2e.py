@@ -42,6 +42,10 @@ FAMILIES = ["deepseek_v3", "deepseek_v31", "kimi_k2", "glm47", "minimax_m2", "ll
 ALIASES = {"glm45": "glm47", "llama4_json": "llama3_json", "qwen3_xml": "qwen3_coder"}
 #: the native stage for one format per kind of grammar (xgrammar's, vLLM's, ours renamed)
 NATIVE_SAMPLE = ["kimi_k2", "minimax_m2", "seed_oss"]
+#: what vLLM's own parser cannot do (the same with vanilla vLLM and the base parser): strict xfails
+STREAMED_REQUIRED_LIMITS = {
+    "granite": "vLLM 0.32's granite parser (an engine parser) streams no call for a required turn's "
+               "bare JSON array: the stream ends with `stop` and no delta; unary parses it"}
 STAGES = {"default": {}, "native": {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}}
 SEEDS = (0, 1)
 MAX_TOKENS = 160
@@ -164,8 +168,12 @@ def test_a_streamed_required_answer_is_the_unary_one(served):
     unary = chat_answer(server.client(), request, stream=False)
     streamed = chat_answer(server.client(), request, stream=True)
     # the same calls; JSON-array formats stream the arguments as written, unary re-serialized
-    assert [(name, json.loads(arguments)) for name, arguments in streamed] == \
-        [(name, json.loads(arguments)) for name, arguments in unary], (family, streamed, unary)
+    same = [(name, json.loads(arguments)) for name, arguments in streamed] == \
+        [(name, json.loads(arguments)) for name, arguments in unary]
+    if family in STREAMED_REQUIRED_LIMITS:
+        assert unary and not same, f"{family} streams required calls now: drop the xfail"
+        pytest.xfail(STREAMED_REQUIRED_LIMITS[family])
+    assert same, (family, streamed, unary)
     reply = responses_answer(family, server, catalog, "required", subset, 0, stream=True)
     one_allowed_call(reply.calls, subset, (family, reply.calls))
 
@@ -191,8 +199,8 @@ def test_auto_pushed_onto_the_trigger_calls_only_allowed_tools(served):
     called = 0
     for seed in range(4):
         catalog, subset = catalog_and_subset(seed)
-        calls = chat_answer(server.client(), chat_request(catalog, "auto", subset, seed,
-                                                          logit_bias={str(token): 100}), stream=seed % 2 == 1)
+        calls = chat_answer(server.client(), chat_request(family, catalog, "auto", subset, seed,
+                                                          bias={str(token): 100}), stream=seed % 2 == 1)
         assert all(name in subset for name, _ in calls), (family, seed, calls, subset)
         called += len(calls)
     assert called >= 2, (family, called, server.log_tail(30))

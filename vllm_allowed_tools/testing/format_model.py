@@ -13,11 +13,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 from ..formats import wire_format
-from .tiny_model import default_cache_dir, ensure_model
+from .tiny_model import building, default_cache_dir, ensure_model
 
 def format_tokens(parser: str) -> tuple[str, ...]:
     """The tokens the format behind ``parser`` (ours or vLLM's name) needs in the vocabulary."""
@@ -39,16 +38,9 @@ def ensure_format_model(flavour: str, seed: int, tokens: tuple[str, ...], cache_
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
     log(f"adding {len(tokens)} format tokens to a copy of {base} in {out}")
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
-    try:
+    with building(out) as staging:
         shutil.copytree(base, staging, dirs_exist_ok=True)
         add_tokens(staging, tokens)
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 

@@ -20,6 +20,7 @@ Usage: ``python -m vllm_allowed_tools.testing.tiny_model OUT [--flavour random|t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -254,6 +255,22 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
 
 # --------------------------------------------------------------------------- build / cache
 
+@contextlib.contextmanager
+def building(out: Path) -> Iterator[Path]:
+    """A staging folder next to ``out`` that becomes ``out`` when the block succeeds (replacing an
+    old one), and is removed when it fails: a half-built model folder is never left behind."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
+    try:
+        yield staging
+        if out.exists():
+            shutil.rmtree(out)
+        staging.rename(out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+
+
 def recipe_digest(flavour: str, seed: int, steps: int) -> str:
     """Identifies everything the model depends on, so a cached build is reused only when valid."""
     digest = hashlib.sha256()
@@ -274,9 +291,7 @@ def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None =
 
     steps = TRAIN_STEPS if steps is None else steps
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
-    try:
+    with building(out) as staging:
         rng = random.Random(seed)
         thinking = flavour == "thinking"
         corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)), thinking)
@@ -297,12 +312,6 @@ def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None =
         (staging / MARKER_FILE).write_text(json.dumps({
             "flavour": flavour, "seed": seed, "recipe": recipe_digest(flavour, seed, steps),
             "training": training, "tools": [tool.name for tool in POOL]}, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
