@@ -4,8 +4,9 @@ One server at a time (a module-scoped fixture parametrized by parser; pytest fin
 one parser, and stops its server, before starting the next). Each server is
 `vllm-allowed-tools serve-tiny --flavour random --parser allowed_X`, which serves the parser's own
 bundled template. Two of vLLM's parsers refuse a tokenizer that lacks their marker token, which the
-tiny model's tokenizer does not have, so they are served a copy of the tiny model with that one token
-added (the weights are untouched; the model's vocabulary has room):
+tiny model's tokenizer does not have, so serve-tiny serves them a copy of the tiny model with the
+registry's ``special_tokens`` of the format added (testing/format_model.py; the weights are
+untouched, the model's vocabulary has room):
 
 * ``allowed_llama3_json``: ``Llama3JsonToolParser`` needs ``<|python_tag|>``;
 * ``allowed_mistral``: ``MistralToolParser`` needs ``[TOOL_CALLS]`` (with a Hugging Face tokenizer
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,7 +69,6 @@ QWEN_XML_WHITESPACE = (
 @dataclass(frozen=True)
 class Case:
     parser: str
-    add_tokens: tuple[str, ...] = ()
     xfail_required: str | None = None      # required mode is known to fail every time
     xfail_required_api: str | None = None  # ... on this endpoint only (None: both)
     whitespace_issue: str | None = None    # a schema-invalid value may differ by framing whitespace
@@ -79,8 +78,8 @@ class Case:
 CASES = [
     Case("allowed_hermes"),
     Case("allowed_qwen3_coder", whitespace_issue=QWEN_XML_WHITESPACE),
-    Case("allowed_llama3_json", add_tokens=("<|python_tag|>",)),
-    Case("allowed_mistral", add_tokens=("[TOOL_CALLS]",), xfail_required_api="responses",
+    Case("allowed_llama3_json"),
+    Case("allowed_mistral", xfail_required_api="responses",
          xfail_required=MISTRAL_RESPONSES_REQUIRED),
     Case("allowed_pythonic"),
 ]
@@ -89,20 +88,11 @@ CASE_BY_PARSER = {case.parser: case for case in CASES}
 
 # ----------------------------------------------------------------------------------------- servers
 
-def model_with_tokens(tokens: tuple[str, ...], out: Path) -> Path:
-    """A copy of the cached random tiny model whose tokenizer also has `tokens` (special tokens)."""
-    from tokenizers import AddedToken, Tokenizer
-
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-
-    base = ensure_model("random", 0, log=lambda *_: None)
-    shutil.copytree(base, out)
-    tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
-    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in tokens])
-    tokenizer.save(str(out / "tokenizer.json"))
-    config = json.loads((out / "config.json").read_text())
-    assert tokenizer.get_vocab_size() <= config["vocab_size"]
-    return out
+def format_model(parser: str) -> Path:
+    """The tiny random model as serve-tiny serves it for ``parser``: with the format's markers
+    (``<|python_tag|>``, ``[TOOL_CALLS]``) as tokens where vLLM's parser needs them."""
+    from vllm_allowed_tools.testing.format_model import ensure_format_model, format_tokens
+    return ensure_format_model("random", 0, format_tokens(parser), log=lambda *_: None)
 
 
 def start_parser_server(parser: str, model_dir: Path | None = None,
@@ -117,14 +107,10 @@ def start_parser_server(parser: str, model_dir: Path | None = None,
 @pytest.fixture(scope="module", params=[case.parser for case in CASES])
 def served(request, tmp_path_factory):
     """(case, server, model folder) for one parser; the previous parser's server is stopped first."""
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
 
     case = CASE_BY_PARSER[request.param]
-    model_dir = None
-    if case.add_tokens:
-        model_dir = model_with_tokens(case.add_tokens, tmp_path_factory.mktemp(case.parser) / "model")
-    server = start_parser_server(case.parser, model_dir)
-    yield case, server, model_dir or ensure_model("random", 0, log=lambda *_: None)
+    server = start_parser_server(case.parser)   # serve-tiny adds the format's tokens to a copy
+    yield case, server, format_model(case.parser)
     stop_cli_server(server)
 
 
@@ -279,19 +265,15 @@ def glue(tmp_path_factory):
     """(tokenizer for a parser, request builder) with our parsers registered."""
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
     from vllm_allowed_tools.vllm_glue.plugin import register
 
     register()
     cache: dict[tuple[str, ...], object] = {}
 
     def tokenizer_for(parser: str):
-        tokens = CASE_BY_PARSER[parser].add_tokens
-        if tokens not in cache:
-            folder = ensure_model("random", 0, log=lambda *_: None) if not tokens else \
-                model_with_tokens(tokens, tmp_path_factory.mktemp("tok") / "model")
-            cache[tokens] = AutoTokenizer.from_pretrained(str(folder))
-        return cache[tokens]
+        if parser not in cache:
+            cache[parser] = AutoTokenizer.from_pretrained(str(format_model(parser)))
+        return cache[parser]
 
     return tokenizer_for
 
