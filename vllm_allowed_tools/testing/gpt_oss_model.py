@@ -21,13 +21,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from .tiny_model import TinyModelError, default_cache_dir
+from .tiny_model import TinyModelError, building, default_cache_dir
 
 BUILDER_VERSION = "1"   # bump when the recipe changes, so cached models are rebuilt
 MARKER_FILE = "vllm_allowed_tools_model.json"
@@ -170,9 +168,7 @@ def recipe_digest(seed: int) -> str:
 def build(out: Path, seed: int = 0, log=print) -> Path:
     """Build the model folder at ``out`` atomically (a half-built folder is never left behind)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=out.parent))
-    try:
+    with building(out) as staging:
         log("converting the o200k_harmony vocabulary to tokenizer.json")
         write_tokenizer(staging)
         check_tokenizer(staging)
@@ -180,12 +176,6 @@ def build(out: Path, seed: int = 0, log=print) -> Path:
         _write_model(staging, seed)
         (staging / MARKER_FILE).write_text(json.dumps(
             {"flavour": "gpt-oss-random", "seed": seed, "recipe": recipe_digest(seed)}, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        staging.rename(out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
