@@ -23,13 +23,13 @@ def _log(message: str) -> None:
 
 
 def _resolve_model(args: argparse.Namespace) -> Path:
-    """``--model-dir``, or the cached tiny model (a copy holding the parser's format tokens, which
-    vLLM's parser looks up in the vocabulary)."""
+    """``--model-dir``, or the cached tiny model for the parser (a copy holding the format's
+    tokens, which vLLM's parser looks up in the vocabulary; gpt-oss for ``allowed_openai``)."""
     if args.model_dir is not None:
         validate_model_dir(args.model_dir)
         return args.model_dir
-    from ..testing.format_model import ensure_format_model, format_tokens
-    return ensure_format_model(args.flavour, args.seed, format_tokens(getattr(args, "parser", "")), log=_log)
+    from ..testing.format_model import model_for_parser
+    return model_for_parser(args.flavour, args.seed, getattr(args, "parser", ""), log=_log)
 
 
 def _add_server_options(parser: argparse.ArgumentParser) -> None:

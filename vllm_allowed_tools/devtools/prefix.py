@@ -53,7 +53,7 @@ __all__ = [
 
 #: the text every bundled template's policy block starts with, by template name
 POLICY_BLOCK_MARKERS: dict[str, str] = {entry.template: entry.policy_block_marker
-                                        for entry in wire_formats()}
+                                        for entry in wire_formats() if entry.template is not None}
 
 
 def policy_block_offset(rendered: str, template: str | None = None) -> int | None:

@@ -55,7 +55,9 @@ class WireFormat:
     """A tool-call wire format: ``name`` is vLLM's parser for it, ``allowed_<name>`` ours."""
     name: str
     base_parser_class: str
-    template: str
+    #: our bundled template for the format; None where vLLM renders no chat template (gpt-oss's
+    #: harmony path)
+    template: str | None
     policy_block_marker: str
     call_triggers: tuple[str, ...]
     grammar: GrammarSpec

@@ -18,6 +18,24 @@ from pathlib import Path
 from ..formats import wire_format
 from .tiny_model import building, default_cache_dir, ensure_model
 
+#: formats served by another architecture than the Qwen2 tiny model: gpt-oss's harmony path is
+#: chosen by the model type alone
+HARMONY_FORMATS = frozenset({"openai"})
+
+
+def model_for_parser(flavour: str, seed: int, parser: str, log=print) -> Path:
+    """The tiny model ``serve-tiny --parser`` serves: for harmony (``allowed_openai``) the tiny
+    gpt-oss model (random weights), otherwise the ``flavour`` model with the format's tokens."""
+    try:
+        name = wire_format(parser).name
+    except ValueError:
+        name = ""
+    if name in HARMONY_FORMATS:
+        from .gpt_oss_model import ensure_gpt_oss_model
+        return ensure_gpt_oss_model(seed, log=log)
+    return ensure_format_model(flavour, seed, format_tokens(parser), log=log)
+
+
 def format_tokens(parser: str) -> tuple[str, ...]:
     """The tokens the format behind ``parser`` (ours or vLLM's name) needs in the vocabulary."""
     try:

@@ -33,7 +33,8 @@ DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
 MAX_MODEL_LEN = 32768   # a real client's prompt (Codex: ~20K tokens at this vocabulary) must fit
 #: the bundled chat template each of our parsers is served with (falls back to hermes)
-TEMPLATE_FOR_PARSER = {entry.parser_name: entry.template for entry in wire_formats()}
+TEMPLATE_FOR_PARSER = {entry.parser_name: entry.template for entry in wire_formats()
+                       if entry.template is not None}
 from ..vllm_glue.plugin import MIDDLEWARE  # noqa: E402  (no vLLM import: the plugin module is light)
 
 
@@ -97,7 +98,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
     plugin = [] if vanilla or one_flag else ["--middleware", MIDDLEWARE]
     backend = [] if one_flag else ["--structured-outputs-config.backend", "xgrammar"]
     if chat_template is None:
-        chat_template = template_for_parser(parser)
+        chat_template = template_for_parser(parser) or MODEL_TEMPLATE
     template = [] if str(chat_template) == MODEL_TEMPLATE else ["--chat-template", str(chat_template)]
     return [
         sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; "
@@ -132,10 +133,12 @@ def preflight() -> None:
                          "); run `vllm-allowed-tools cpu-setup` once after installing")
 
 
-def template_for_parser(parser: str) -> Path:
-    """The bundled template ``parser`` (ours or its base's name) is served with; hermes otherwise."""
+def template_for_parser(parser: str) -> Path | None:
+    """The bundled template ``parser`` (ours or its base's name) is served with; hermes otherwise;
+    None for a format vLLM renders without a chat template (gpt-oss's harmony)."""
     try:
-        return template_path(wire_format(parser).template)
+        template = wire_format(parser).template
+        return template_path(template) if template is not None else None
     except (ValueError, FileNotFoundError):
         return template_path("hermes")
 

@@ -6,6 +6,8 @@ tokenizer and picks the first placement that keeps the history a stable, cacheab
 template for which none passes stops the server with a capability error naming it and why, unless
 the operator opted into catalog filtering. Requests that bring their own ``chat_template`` (only
 honoured by vLLM with ``--trust-request-chat-template``) are probed the same way, once per template.
+gpt-oss has no template on vLLM's harmony path: its prompts are probed as harmony renders them
+(:mod:`.harmony_prompt`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..request.placement import FILTER_CATALOG, PLACEMENTS, PROBE_ORDER
 from ..request.template_probe import PROBE_TOOLS, ProbeResult, probe_template
 from .argv import flag_value as _flag
 from .argv import is_server_command
+from .harmony_prompt import HarmonyPrompt, serves_harmony
 from .argv import model_arg as _model
 
 logger = logging.getLogger("vllm.allowed_tools")
@@ -143,7 +146,7 @@ def choose_placement(argv: Sequence[str], environ: Mapping[str, str] | None = No
             "chat_template_kwargs there). Serve the model with --tokenizer-mode auto and its "
             "Hugging Face chat template (or ours: vllm_allowed_tools.templates)",
             capability="chat_template", status=500)
-    served = load(argv)
+    served = HarmonyPrompt() if serves_harmony(argv) else load(argv)
     order = PROBE_ORDER if requested == "auto" else (requested,)
     result = probe_template(served.render, served.tokenize, order)
     if result.placement is not None:
