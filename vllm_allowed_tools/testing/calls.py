@@ -35,13 +35,14 @@ def responses_selection(mode: Any, names: Iterable[str]) -> dict[str, Any]:
 
 def chat_calls(client: Any, catalog: Sequence[Any], mode: str, allowed: Sequence[str], seed: int, *,
                stream: bool = False, parallel: bool = False, max_tokens: int = 120,
-               system: str | None = None) -> Reply:
-    """Ask Chat Completions for calls from `catalog` (tool-pool tools) under `allowed`."""
+               system: str | None = None, extra_body: dict | None = None) -> Reply:
+    """Ask Chat Completions for calls from `catalog` (tool-pool tools) under `allowed`
+    (``extra_body``: more request fields, e.g. ``logit_bias``)."""
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": USER_TURN}]
     request = dict(model="tiny", messages=messages, tools=[tool.chat_tool() for tool in catalog],
                    tool_choice=chat_selection(mode, allowed), parallel_tool_calls=parallel,
-                   max_tokens=max_tokens, temperature=1.0, seed=seed)
+                   max_tokens=max_tokens, temperature=1.0, seed=seed, extra_body=extra_body)
     if not stream:
         message = client.chat.completions.create(**request).choices[0].message
         return Reply([(c.function.name, c.function.arguments) for c in message.tool_calls or []],

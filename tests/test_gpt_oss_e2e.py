@@ -1,0 +1,202 @@
+"""gpt-oss end to end: vLLM's harmony path (no chat template; openai_harmony renders, vLLM's
+HarmonyParser reads the calls) under ``--tool-call-parser allowed_openai`` alone (the one-flag
+launch), on a tiny gpt-oss model built offline (testing/gpt_oss_model.py: the real architecture,
+attention sinks and MoE included, random weights; vLLM's CPU build serves it).
+
+The contract suite of the hermes path, on both endpoints: ``required`` gives only allowed calls (one
+with ``parallel_tool_calls: false``), unary and streamed; ``auto`` never a disallowed call; Responses
+namespaces; invalid selections are a 400 naming the field; the per-turn policy is a trailing
+developer message after the whole history, so the history is a shared token prefix across subsets
+and turns; a gated tool elicits an approval instead of a call, and an accept releases it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import httpx
+import openai
+import pytest
+from conftest import start_cli_server, stop_cli_server
+
+from vllm_allowed_tools.testing.calls import (
+    chat_calls,
+    chat_selection,
+    responses_calls,
+    responses_selection,
+)
+from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+
+pytestmark = pytest.mark.server
+
+GATED = "send_email"
+#: harmony's markers (<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|call|>): the
+#: grammar (vLLM's harmony tag, text strings) also admits them spelled in ordinary tokens, which
+#: vLLM's token-based HarmonyParser does not read as markers; a trained gpt-oss writes the one token,
+#: so the random model is nudged to, and to write arguments without line breaks
+HARMONY_MARKERS = (200006, 200007, 200008, 200005, 200003, 200012)
+CALL_END = 200012
+
+
+def nudges() -> dict:
+    if not _NUDGES:
+        from tokenizers import Tokenizer
+
+        from vllm_allowed_tools.testing.gpt_oss_model import ensure_gpt_oss_model
+        vocab = Tokenizer.from_file(str(ensure_gpt_oss_model(0, log=lambda *_: None) / "tokenizer.json")
+                                    ).get_vocab(with_added_tokens=False)
+        # byte-level BPE spells \n, \t, \r as Ċ, ĉ, č; "<" starts a marker spelled in pieces
+        # (e.g. "}<" then "|end|>", which the grammar's text end string also matches)
+        _NUDGES.update({str(token): -30.0 for text, token in vocab.items()
+                        if any(mark in text for mark in "\u010a\u0109\u010d<")})
+        _NUDGES.update({str(token): 30.0 for token in HARMONY_MARKERS})
+        _NUDGES[str(CALL_END)] = 40.0   # a call ends with <|call|> (the grammar also takes <|end|>)
+    return {"logit_bias": dict(_NUDGES)}
+
+
+_NUDGES: dict[str, float] = {}
+POLICY_BLOCK = "<|start|>developer<|message|># Instructions\n\nAllowed tools this turn ("
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    policy = tmp_path_factory.mktemp("gpt-oss") / "approvals.json"
+    policy.write_text(json.dumps({"rules": [{"tools": [GATED], "approval": "required",
+                                             "scopes": ["once"]}]}))
+    started = start_cli_server("random", options=["--parser", "allowed_openai", "--one-flag"],
+                               extra_args=["--enable-scale-out"],
+                               env={"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)})
+    yield started
+    stop_cli_server(started)
+
+
+def catalog_and_subset(seed: int, size: int = 2):
+    rng = random.Random(3000 + seed)
+    catalog = rng.sample([tool for tool in POOL if tool.name != GATED], 8)
+    return catalog, sorted(tool.name for tool in rng.sample(catalog, size))
+
+
+def prompt_text(server, body: dict, endpoint: str = "chat/completions") -> tuple[list[int], str]:
+    """The prompt vLLM would run for ``body`` (the render endpoint, through our middleware)."""
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+    reply = httpx.post(f"{server.base_url}/{endpoint}/render", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    ids = reply.json()["token_ids"]
+    return ids, load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS).decode(ids)
+
+
+def test_the_launch_is_one_flag_and_the_policy_is_a_trailing_developer_message(server):
+    log = server.log_text()
+    assert "--middleware" not in log.split("vllm serve", 1)[-1].split("\n", 1)[0]
+    assert "per-turn policy goes in by system-message" in log and "harmony" in log
+    catalog, subset = catalog_and_subset(0)
+    history = [{"role": "system", "content": "You are an agent."},
+               {"role": "user", "content": "Do it."},
+               {"role": "assistant", "content": None, "tool_calls": [{
+                   "id": "call_1", "type": "function",
+                   "function": {"name": catalog[0].name, "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+               {"role": "user", "content": "Next."}]
+    tools = [tool.chat_tool() for tool in catalog]
+
+    def render(names, messages=history, tool_list=tools):
+        return prompt_text(server, {"model": "tiny", "messages": messages, "tools": tool_list,
+                                    "tool_choice": chat_selection("required", names)})
+    ids_a, text_a = render(subset)
+    ids_b, _ = render([tool.name for tool in catalog[2:5]])
+    ids_next, _ = render(subset, history + [{"role": "assistant", "content": "ok"},
+                                            {"role": "user", "content": "Again."}])
+    ids_reordered, _ = render(subset, tool_list=tools[::-1])
+    block = text_a.rindex(POLICY_BLOCK)
+    assert text_a[block:].startswith(POLICY_BLOCK + "required): " + ", ".join(subset))
+    assert text_a.index("Next.") < block   # after the whole history
+    # the policy block is the only difference: every token before it is shared
+    history_tokens = len(server_tokens(text_a[:block]))
+    for other in (ids_b, ids_next):
+        shared = next((i for i, (x, y) in enumerate(zip(ids_a, other)) if x != y), len(ids_a))
+        assert shared >= history_tokens - 1, (shared, history_tokens)
+    assert ids_reordered == ids_a   # the catalog is rendered in canonical order
+
+
+def server_tokens(text: str) -> list[int]:
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS).encode(text, allowed_special="all")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_required_gives_one_allowed_call_on_chat(server, seed):
+    catalog, subset = catalog_and_subset(seed)
+    reply = chat_calls(server.client(), catalog, "required", subset, seed, max_tokens=200,
+                       extra_body=nudges())
+    assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (reply, server.log_tail(20))
+    assert POOL_BY_NAME[reply.calls[0][0]].arguments_valid(reply.calls[0][1]), reply.calls
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_required_gives_only_allowed_calls_on_responses(server, seed):
+    catalog, subset = catalog_and_subset(seed)
+    reply = responses_calls(server.client(), catalog, "required", subset, seed, max_tokens=200,
+                            extra_body=nudges())
+    assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (reply.raw, server.log_tail(20))
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_streamed_required_calls_are_allowed(server, api):
+    catalog, subset = catalog_and_subset(3)
+    fetch = chat_calls if api == "chat" else responses_calls
+    reply = fetch(server.client(), catalog, "required", subset, 3, stream=True, max_tokens=200,
+                  extra_body=nudges())
+    assert len(reply.calls) == 1 and reply.calls[0][0] in subset, reply
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_auto_never_calls_outside_the_subset(server, api):
+    fetch = chat_calls if api == "chat" else responses_calls
+    for seed in range(3):
+        catalog, subset = catalog_and_subset(seed)
+        reply = fetch(server.client(), catalog, "auto", subset, seed, max_tokens=120,
+                      extra_body=nudges())
+        assert all(call[0] in subset for call in reply.calls), (seed, reply.calls, subset)
+
+
+def test_namespaced_responses_tools_are_refused_by_the_harmony_path_naming_tools(server):
+    """vLLM's harmony path takes no ``namespace`` tools: a clean 400 naming ``tools`` (our selection
+    resolved them; nothing is widened or half-served)."""
+    catalog, _ = catalog_and_subset(4)
+    tools = [{"type": "namespace", "name": "crm", "description": "CRM tools",
+              "tools": [tool.responses_tool() for tool in catalog[:3]]},
+             *[tool.responses_tool() for tool in catalog[3:]]]
+    with pytest.raises(openai.BadRequestError, match="namespace") as refused:
+        responses_calls(server.client(), None, "required", [catalog[1].name], 4, tools=tools)
+    assert refused.value.body.get("param") == "tools", refused.value.body
+
+
+def test_an_invalid_selection_is_a_400_naming_the_field(server):
+    catalog, _ = catalog_and_subset(0)
+    client = server.client()
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                       tools=[tool.chat_tool() for tool in catalog],
+                                       tool_choice=chat_selection("required", ["nope"]))
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.responses.create(model="tiny", input="x", tools=[tool.responses_tool() for tool in catalog],
+                                tool_choice=responses_selection("required", ["nope"]))
+
+
+def test_a_gated_tool_elicits_and_an_accept_releases_the_call(server):
+    client = server.client()
+    tools = [POOL_BY_NAME[GATED].responses_tool(), POOL_BY_NAME["get_weather"].responses_tool()]
+    kwargs = dict(model="tiny", tools=tools, parallel_tool_calls=False, max_output_tokens=200,
+                  temperature=1.0, tool_choice=responses_selection("required", [GATED]),
+                  extra_body={"seed": 5, "prompt_cache_key": "oss-1", **nudges()})
+    output = client.responses.with_raw_response.create(input="Send it.", **kwargs).http_response.json()["output"]
+    [elicitation] = [item for item in output if item["type"] == "elicitation"]
+    assert not [item for item in output if item["type"] == "function_call"]
+    assert elicitation["name"] == GATED and POOL_BY_NAME[GATED].arguments_valid(elicitation["arguments"])
+    answer = {"id": "er_1", "type": "elicitation_response", "elicitation_id": elicitation["id"],
+              "action": "accept", "scope": "once"}
+    released = client.responses.with_raw_response.create(
+        input=[{"role": "user", "content": "Send it."}, elicitation, answer], **kwargs).http_response.json()
+    assert [(item["type"], item["call_id"]) for item in released["output"]] == \
+        [("function_call", elicitation["call_id"])]
