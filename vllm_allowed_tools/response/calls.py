@@ -35,6 +35,20 @@ def request_tools(body: Mapping[str, Any], api: str) -> Iterator[tuple[str, str,
                     yield f"{param}.tools[{j}]", member_kind, tool["name"], member["name"]
 
 
+#: Responses output items of built-in tools (run by the server, e.g. gpt-oss's browser and python on
+#: vLLM's harmony path), and the request tool types that offer each
+BUILTIN_CALLS: dict[str, frozenset[str]] = {
+    "web_search_call": frozenset({"web_search", "web_search_preview", "web_search_preview_2025_03_11",
+                                  "web_search_2025_08_26"}),
+    "code_interpreter_call": frozenset({"code_interpreter"}),
+    "file_search_call": frozenset({"file_search"}),
+    "computer_call": frozenset({"computer_use_preview", "computer"}),
+    "image_generation_call": frozenset({"image_generation"}),
+    "local_shell_call": frozenset({"local_shell"}),
+    "mcp_call": frozenset({"mcp"}),
+}
+
+
 class AllowedNames:
     """"Catalog only": every catalog function (flat name) may be called, anything else may not.
 
@@ -43,17 +57,23 @@ class AllowedNames:
     Responses ``custom`` tools, which vLLM may emit as ``custom_tool_call`` items.
     """
 
-    __slots__ = ("catalog", "custom_names")
+    __slots__ = ("catalog", "custom_names", "builtin_types")
 
-    def __init__(self, names: Iterable[str], custom_names: Iterable[str] = ()) -> None:
+    def __init__(self, names: Iterable[str], custom_names: Iterable[str] = (),
+                 builtin_types: Iterable[str] = ()) -> None:
         self.catalog = frozenset(names)
         self.custom_names = frozenset(custom_names)
+        self.builtin_types = frozenset(builtin_types)
 
     def is_allowed(self, flat_name: str | None) -> bool:
         return flat_name is not None and flat_name in self.catalog
 
     def is_custom_allowed(self, name: str | None) -> bool:
         return name is not None and name in self.custom_names
+
+    def is_builtin_allowed(self, call_type: str | None) -> bool:
+        """A built-in tool's call (``web_search_call``, ...) only where the request offered it."""
+        return bool(BUILTIN_CALLS.get(call_type or "", frozenset()) & self.builtin_types)
 
     @classmethod
     def from_request(cls, body: Mapping[str, Any], api: str) -> AllowedNames:
@@ -63,19 +83,25 @@ class AllowedNames:
         custom: list[str] = []
         for _, kind, namespace, name in request_tools(body, api):
             (custom if kind == "custom" else names).append(flat_name(name, namespace))
-        return cls(names, custom)
+        tools = body.get("tools")
+        builtin = [tool.get("type") for tool in tools if isinstance(tool, Mapping)] \
+            if isinstance(tools, list) and api == "responses" else []
+        return cls(names, custom, [kind for kind in builtin if isinstance(kind, str)])
 
     def __repr__(self) -> str:
         return f"AllowedNames({sorted(self.catalog)!r}, custom={sorted(self.custom_names)!r})"
 
 
 def item_identity(item: Mapping[str, Any]) -> tuple[str, str | None] | None:
-    """(kind, flat name) of a Responses output item that is a model tool call, else None."""
+    """(kind, flat name) of a Responses output item that is a model tool call, else None; a
+    built-in tool's call is ``("builtin", <item type>)``."""
     kind = item.get("type")
     if kind == "function_call":
         return "function", flat_name(item.get("name"), item.get("namespace"))
     if kind == "custom_tool_call":
         return "custom", flat_name(item.get("name"), item.get("namespace"))
+    if kind in BUILTIN_CALLS:
+        return "builtin", kind
     return None
 
 

@@ -46,9 +46,12 @@ class AllowedToolsViolation(AllowedToolsError):
 
 
 def is_call_allowed(call_filter: Any, name: str | None, kind: str) -> bool:
-    """Whether ``call_filter`` lets a call of ``kind`` (``function`` / ``custom``) named ``name`` out."""
-    if kind == "custom":
-        check = getattr(call_filter, "is_custom_allowed", None)
+    """Whether ``call_filter`` lets a call of ``kind`` (``function`` / ``custom`` / ``builtin``)
+    named ``name`` out. A filter that cannot judge custom or built-in calls refuses them: an
+    allowlist never names a built-in tool (the selection refuses one), so a turn with an allowlist
+    lets none out."""
+    if kind in ("custom", "builtin"):
+        check = getattr(call_filter, f"is_{kind}_allowed", None)
         return bool(check(name)) if callable(check) and name is not None else False
     return name is not None and bool(call_filter.is_allowed(name))
 
@@ -58,6 +61,8 @@ def _refusal_reason(call_filter: Any, name: str | None, kind: str) -> str:
         return "has no name"
     if kind == "custom":
         return "is a custom tool, which this turn's policy does not allow"
+    if kind == "builtin":
+        return "is a built-in tool, which this turn's policy does not allow"
     catalog = getattr(call_filter, "catalog", None)
     known: bool | None = None
     if isinstance(catalog, (set, frozenset)):
