@@ -193,3 +193,34 @@ def test_probe_conversation_is_not_mutated_by_rendering():
         return "x"
     check_placement(render, SYSTEM_MESSAGE)
     assert all(seen) and random.choice(seen)[0]["role"] == "system"
+
+
+# ---------------------------------------------------------------------------- gpt-oss (harmony)
+def test_harmony_prompts_take_the_policy_as_a_trailing_developer_message(tmp_path):
+    """vLLM renders gpt-oss with harmony, not a template: the probe renders its conversations with
+    vLLM's own harmony functions and finds the system-message placement (a trailing system message
+    becomes a developer message after the history); the template variable cannot work there."""
+    import json
+
+    from vllm_allowed_tools.request.placement import SYSTEM_MESSAGE
+    from vllm_allowed_tools.request.template_probe import PROBE_TOOLS, probe_template
+    from vllm_allowed_tools.vllm_glue.harmony_prompt import HarmonyPrompt, serves_harmony
+    from vllm_allowed_tools.vllm_glue.served_template import choose_placement
+
+    prompt = HarmonyPrompt()
+    result = probe_template(prompt.render, prompt.tokenize)
+    assert result.placement == SYSTEM_MESSAGE, result.reasons
+    assert "not rendered after the history" in result.reasons["template-variable"]
+    text = prompt.render([{"role": "user", "content": "hi"},
+                          {"role": "system", "content": "Allowed tools this turn (auto): x"}],
+                         PROBE_TOOLS[:1], {})
+    assert text.endswith("<|start|>developer<|message|># Instructions\n\nAllowed tools this turn "
+                         "(auto): x<|end|><|start|>assistant")
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
+    argv = ["vllm", "serve", str(model), "--tool-call-parser", "allowed_openai"]
+    assert serves_harmony(argv) and not serves_harmony(["vllm", "serve", str(tmp_path / "none")])
+    choice = choose_placement(argv, environ={},
+                              load=lambda _: (_ for _ in ()).throw(AssertionError("no template read")))
+    assert choice.placement == SYSTEM_MESSAGE and "harmony" in choice.origin
