@@ -59,14 +59,18 @@ _NUDGES: dict[str, float] = {}
 POLICY_BLOCK = "<|start|>developer<|message|># Instructions\n\nAllowed tools this turn ("
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@pytest.fixture(scope="module", params=["default", "native"])
+def server(request, tmp_path_factory):
+    """One server per constraint stage: the CPU default (our logits processor) and vLLM's native
+    structured outputs."""
     policy = tmp_path_factory.mktemp("gpt-oss") / "approvals.json"
     policy.write_text(json.dumps({"rules": [{"tools": [GATED], "approval": "required",
                                              "scopes": ["once"]}]}))
+    env = {"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)}
+    if request.param == "native":
+        env["VLLM_ALLOWED_TOOLS_CONSTRAINT"] = "native"
     started = start_cli_server("random", options=["--parser", "allowed_openai", "--one-flag"],
-                               extra_args=["--enable-scale-out"],
-                               env={"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)})
+                               extra_args=["--enable-scale-out"], env=env)
     yield started
     stop_cli_server(started)
 
@@ -200,3 +204,17 @@ def test_a_gated_tool_elicits_and_an_accept_releases_the_call(server):
         input=[{"role": "user", "content": "Send it."}, elicitation, answer], **kwargs).http_response.json()
     assert [(item["type"], item["call_id"]) for item in released["output"]] == \
         [("function_call", elicitation["call_id"])]
+
+
+def test_built_in_tools_in_the_request_do_not_open_the_grammar(server):
+    """vLLM's own harmony tag degrades to free text after ``to=`` when the request has built-in
+    tools; ours is built from the allowed functions only, so the recipient stays constrained."""
+    catalog, subset = catalog_and_subset(5)
+    tools = [tool.responses_tool() for tool in catalog] + [{"type": "web_search_preview"},
+                                                            {"type": "code_interpreter",
+                                                             "container": {"type": "auto"}}]
+    for seed in (5, 6):
+        reply = responses_calls(server.client(), None, "required", subset, seed, tools=tools,
+                                max_tokens=200, extra_body=nudges())
+        assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (seed, reply.raw)
+        assert [item.type for item in reply.raw.output if item.type.endswith("_call")] == ["function_call"]
