@@ -85,7 +85,7 @@ class AllowedToolsMixin:
         if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
         subset_tag = allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
-                                         max(strict_level, ToolStrictLevel.FUNCTION))
+                                        max(strict_level, ToolStrictLevel.FUNCTION))
         return subset_tag.tag if subset_tag is not None else None
 
     def adjust_request(self, request):

@@ -23,6 +23,7 @@ MAX_WHITESPACE_ENV = "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"
 
 
 def tool_name(tool: Any) -> str | None:
+    """The name of a tool or a named tool choice (Chat's nested ``function`` or Responses' flat)."""
     function = getattr(tool, "function", None)
     return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
 
@@ -64,9 +65,8 @@ def plain_request_tag(wire_format: str, request, strict_level):
         return None
     if not functions:
         return None
-    tag = build_structural_tag(wire_format, functions, mode, parallel_tool_calls=parallel,
-                               strict_level=int(strict_level), max_whitespace=max_json_whitespace())
-    return tag
+    return build_structural_tag(wire_format, functions, mode, parallel_tool_calls=parallel,
+                                strict_level=int(strict_level), max_whitespace=max_json_whitespace())
 
 
 def allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
