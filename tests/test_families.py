@@ -119,3 +119,18 @@ def test_an_alias_is_the_same_format_under_another_vllm_name(alias, same):
     # llama4_json lists the same call triggers and tokens as llama3_json; only the name differs
     assert differs <= {"name"}, differs
     assert ToolParserManager.lazy_parsers[alias][1:] == ToolParserManager.lazy_parsers[same][1:]
+
+
+@pytest.mark.parametrize("family", sorted(CALL_TEXT))
+def test_the_auto_grammar_admits_text_then_an_allowed_call_only(family):
+    """Auto mode: free text, and once the model writes the format's trigger only an allowed call
+    (the e2e test can push a random model onto one-token triggers only; this covers every format)."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    functions = [AllowedFunction(ALLOWED, POOL_BY_NAME[ALLOWED].parameters, True)]
+    tag = build_structural_tag(family, functions, "auto", parallel_tool_calls=False)
+    grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
+    assert _is_grammar_accept_string(grammar, "Let me check. ")
+    assert _is_grammar_accept_string(grammar, "Let me check. " + call_text(family, ALLOWED))
+    assert not _is_grammar_accept_string(grammar, "Let me check. " + call_text(family, OTHER))
