@@ -46,17 +46,16 @@ def call_text(family: str, name: str) -> str:
 def tokenizer_for():
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.format_model import ensure_format_model
+    from vllm_allowed_tools.testing.format_model import model_for_parser
     from vllm_allowed_tools.vllm_glue.plugin import register
     register()
     cache: dict = {}
 
     def load(family: str):
-        tokens = wire_format(family).special_tokens
-        if tokens not in cache:
-            cache[tokens] = AutoTokenizer.from_pretrained(
-                str(ensure_format_model("random", 0, tokens, log=lambda *_: None)))
-        return cache[tokens]
+        if family not in cache:
+            cache[family] = AutoTokenizer.from_pretrained(
+                str(model_for_parser("random", 0, family, log=lambda *_: None)))
+        return cache[family]
     return load
 
 

@@ -72,12 +72,10 @@ def catalog_and_subset(seed: int):
     return catalog, sorted(tool.name for tool in rng.sample(catalog, 2))
 
 
-def format_tokenizer(family: str):
-    from transformers import AutoTokenizer
-
-    from vllm_allowed_tools.testing.format_model import ensure_format_model
-    model = ensure_format_model("random", 0, wire_format(family).special_tokens, log=lambda *_: None)
-    return AutoTokenizer.from_pretrained(str(model))   # the served copy (cached by serve-tiny)
+def served_model(family: str):
+    """The model folder serve-tiny serves for the family (cached: built by the fixture's server)."""
+    from vllm_allowed_tools.testing.format_model import model_for_parser
+    return model_for_parser("random", 0, f"allowed_{family}", log=lambda *_: None)
 
 
 _NUDGES: dict[str, dict[str, float]] = {}
@@ -89,12 +87,9 @@ def nudges(family: str) -> dict[str, float]:
     id when streaming; the grammar also admits them spelled in pieces), and arguments without line
     breaks (DeepSeek's parsers read no newline inside arguments)."""
     if family not in _NUDGES:
-        tokenizer = format_tokenizer(family)
-        bias = {str(token): -30.0 for text, token in tokenizer.get_vocab().items()
-                if any(mark in tokenizer.convert_tokens_to_string([text]) for mark in "\n\t\r")}
-        for marker in wire_format(family).special_tokens:
-            bias[str(tokenizer.convert_tokens_to_ids(marker))] = 30.0
-        _NUDGES[family] = bias
+        from vllm_allowed_tools.testing.format_model import writing_nudges
+        _NUDGES[family] = writing_nudges(served_model(family), dict.fromkeys(
+            wire_format(family).special_tokens, 30.0))
     return _NUDGES[family]
 
 
@@ -185,7 +180,9 @@ def _trigger_token(family: str) -> int | None:
     triggers = getattr(tag.format, "triggers", None) if tag is not None else None
     if not triggers:
         return None
-    ids = format_tokenizer(family).encode(triggers[0], add_special_tokens=False)
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(str(served_model(family)))
+    ids = tokenizer.encode(triggers[0], add_special_tokens=False)
     return ids[0] if len(ids) == 1 else None
 
 

@@ -31,27 +31,21 @@ from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 pytestmark = pytest.mark.server
 
 GATED = "send_email"
-#: harmony's markers (<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|call|>): the
-#: grammar (vLLM's harmony tag, text strings) also admits them spelled in ordinary tokens, which
-#: vLLM's token-based HarmonyParser does not read as markers; a trained gpt-oss writes the one token,
-#: so the random model is nudged to, and to write arguments without line breaks
-HARMONY_MARKERS = (200006, 200007, 200008, 200005, 200003, 200012)
-CALL_END = 200012
 
 
 def nudges() -> dict:
+    """Harmony's markers (<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|call|>):
+    the grammar (vLLM's harmony tag, text strings) also admits them spelled in ordinary tokens,
+    which vLLM's token-based HarmonyParser does not read as markers; a trained gpt-oss writes the
+    one token, so the random model is nudged to, and to write arguments without line breaks."""
     if not _NUDGES:
-        from tokenizers import Tokenizer
-
+        from vllm_allowed_tools.testing.format_model import writing_nudges
         from vllm_allowed_tools.testing.gpt_oss_model import ensure_gpt_oss_model
-        vocab = Tokenizer.from_file(str(ensure_gpt_oss_model(0, log=lambda *_: None) / "tokenizer.json")
-                                    ).get_vocab(with_added_tokens=False)
-        # byte-level BPE spells \n, \t, \r as Ċ, ĉ, č; "<" starts a marker spelled in pieces
-        # (e.g. "}<" then "|end|>", which the grammar's text end string also matches)
-        _NUDGES.update({str(token): -30.0 for text, token in vocab.items()
-                        if any(mark in text for mark in "\u010a\u0109\u010d<")})
-        _NUDGES.update({str(token): 30.0 for token in HARMONY_MARKERS})
-        _NUDGES[str(CALL_END)] = 40.0   # a call ends with <|call|> (the grammar also takes <|end|>)
+        # "<" starts a marker spelled in pieces (e.g. "}<" then "|end|>", which the grammar's text
+        # end string also matches); a call ends with <|call|> (the grammar also takes <|end|>)
+        markers = {"<|start|>": 30.0, "<|end|>": 30.0, "<|message|>": 30.0, "<|channel|>": 30.0,
+                   "<|constrain|>": 30.0, "<|call|>": 40.0}
+        _NUDGES.update(writing_nudges(ensure_gpt_oss_model(0, log=lambda *_: None), markers, avoid="<"))
     return {"logit_bias": dict(_NUDGES)}
 
 

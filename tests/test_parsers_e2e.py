@@ -91,8 +91,8 @@ CASE_BY_PARSER = {case.parser: case for case in CASES}
 def format_model(parser: str) -> Path:
     """The tiny random model as serve-tiny serves it for ``parser``: with the format's markers
     (``<|python_tag|>``, ``[TOOL_CALLS]``) as tokens where vLLM's parser needs them."""
-    from vllm_allowed_tools.testing.format_model import ensure_format_model, format_tokens
-    return ensure_format_model("random", 0, format_tokens(parser), log=lambda *_: None)
+    from vllm_allowed_tools.testing.format_model import model_for_parser
+    return model_for_parser("random", 0, parser, log=lambda *_: None)
 
 
 def start_parser_server(parser: str, model_dir: Path | None = None,

@@ -4,8 +4,7 @@ vLLM's parsers look their markers up in the vocabulary (DeepSeek's ``<｜tool▁
 ``<|tool_calls_section_begin|>``, ...) and refuse a tokenizer without them, and a grammar's trigger
 is only one sampling step away when it is one token. So each format is served a copy of the tiny
 model whose tokenizer holds the registry's ``special_tokens`` as added tokens (not "special": they
-must survive detokenization, as in the real models' tokenizers), with embedding rows added where
-the vocabulary has no room (seeded, so the copy is deterministic).
+must survive detokenization, as in the real models' tokenizers); the weights are the base model's.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from ..formats import wire_format
-from .tiny_model import building, default_cache_dir, ensure_model
+from .tiny_model import MARKER_FILE, building, default_cache_dir, ensure_model
 
 #: formats served by another architecture than the Qwen2 tiny model: gpt-oss's harmony path is
 #: chosen by the model type alone
@@ -50,7 +49,7 @@ def ensure_format_model(flavour: str, seed: int, tokens: tuple[str, ...], cache_
     base = ensure_model(flavour, seed, cache_dir=cache_dir, log=log)
     if not tokens:
         return base
-    digest = hashlib.sha256(json.dumps([base.name, json.loads((base / "vllm_allowed_tools_model.json")
+    digest = hashlib.sha256(json.dumps([base.name, json.loads((base / MARKER_FILE)
                                         .read_text()).get("recipe"), list(tokens)]).encode())
     out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{base.name}-tokens-{digest.hexdigest()[:12]}"
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
@@ -74,3 +73,22 @@ def add_tokens(model_dir: Path, tokens: tuple[str, ...]) -> None:
         raise ValueError(f"{model_dir}: {len(tokens)} more tokens do not fit the model's {rows} "
                          "embedding rows")
     tokenizer.save(str(model_dir / "tokenizer.json"))
+
+
+#: byte-level BPE spells line breaks and tabs as these characters (GPT-2's byte alphabet)
+_BYTE_LEVEL_BREAKS = "\u010a\u0109\u010d"
+
+
+def writing_nudges(model_dir: Path, markers: dict[str, float], avoid: str = "") -> dict[str, float]:
+    """``logit_bias`` that makes a random model write like a trained one where a grammar leaves it a
+    choice: each of ``markers`` (token text: bias) as its one token (vLLM's parsers find markers by
+    token id; a text grammar also admits them spelled in pieces), and no vocabulary token holding a
+    line break, a tab or a character of ``avoid`` (vLLM's DeepSeek parsers read no newline inside
+    arguments). For the tests' sampled requests only."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
+    bias = {str(token): -30.0 for text, token in tokenizer.get_vocab(with_added_tokens=False).items()
+            if any(mark in text for mark in _BYTE_LEVEL_BREAKS + avoid)}
+    bias.update({str(tokenizer.token_to_id(marker)): value for marker, value in markers.items()})
+    return bias

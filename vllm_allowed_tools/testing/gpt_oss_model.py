@@ -25,10 +25,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .tiny_model import TinyModelError, building, default_cache_dir
+from .tiny_model import MARKER_FILE, TinyModelError, building, default_cache_dir
 
 BUILDER_VERSION = "1"   # bump when the recipe changes, so cached models are rebuilt
-MARKER_FILE = "vllm_allowed_tools_model.json"
 VOCAB_SIZE = 201088     # gpt-oss's embedding rows: o200k_base (199998) + harmony's special tokens
 FIRST_SPECIAL = 199998
 # o200k's pre-tokenizer (the pattern openai_harmony and the real gpt-oss tokenizer.json split with)

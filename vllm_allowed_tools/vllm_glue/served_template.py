@@ -25,8 +25,8 @@ from ..request.placement import FILTER_CATALOG, PLACEMENTS, PROBE_ORDER
 from ..request.template_probe import PROBE_TOOLS, ProbeResult, probe_template
 from .argv import flag_value as _flag
 from .argv import is_server_command
-from .harmony_prompt import HarmonyPrompt, serves_harmony
 from .argv import model_arg as _model
+from .harmony_prompt import HarmonyPrompt, serves_harmony
 
 logger = logging.getLogger("vllm.allowed_tools")
 
