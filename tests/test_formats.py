@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, with_object_arguments
 from vllm_allowed_tools.formats import (
     GrammarSpec,
     WireFormat,
@@ -149,7 +149,54 @@ def _vllm_tag(name: str, mode: str, parallel: bool):
 @pytest.mark.parametrize("parallel", [True, False])
 def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel):
     ours = build_structural_tag(name, allowed_functions(), mode, parallel_tool_calls=parallel)
-    assert dumped(ours) == dumped(_vllm_tag(name, mode, parallel))
+    assert dumped(ours) == dumped(as_objects(name, _vllm_tag(name, mode, parallel)))
+
+
+def as_objects(name: str, tag):
+    """vLLM's tag with its argument slots as ours are (objects only; on one line where the format's
+    parser reads no line break): the one transform our builder applies to every format."""
+    return with_object_arguments(tag, one_line=wire_format(name).grammar.arguments_on_one_line)
+
+
+@pytest.mark.parametrize("name", sorted({entry.name for entry in wire_formats()} - {"openai"}))
+def test_every_argument_slot_admits_only_an_object(name):
+    """A non-strict tool's arguments are an object with any keys, never another JSON value (an
+    agent client cannot run a call whose arguments are a string); on one-line formats also
+    never a line break."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+    loose = [AllowedFunction("t1", None, strict=None), AllowedFunction("t2", {}, strict=True)]
+    tag = build_structural_tag(name, loose, "required", parallel_tool_calls=False)
+    if wire_format(name).grammar.kind == "json_array":   # one schema: the array of calls
+        grammar = xgrammar.Grammar.from_json_schema(json.dumps(tag.format.json_schema))
+        assert _is_grammar_accept_string(grammar, '[{"name": "t1", "arguments": {"a": 1}}]')
+        assert not _is_grammar_accept_string(grammar, '[{"name": "t1", "arguments": "unit{"}]')
+        assert not _is_grammar_accept_string(grammar, '[{"name": "t2", "arguments": [1]}]')
+        return
+    slots = []
+
+    def collect(node):
+        if isinstance(node, dict):
+            if node.get("type") == "json_schema" and node.get("style") == "json":
+                slots.append(node["json_schema"])
+            if node.get("type") == "grammar":
+                slots.append(node["grammar"])
+            for value in node.values():
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+    collect(tag.model_dump())
+    for slot in slots:
+        if isinstance(slot, str):   # one-line EBNF
+            grammar = xgrammar.Grammar.from_ebnf(slot)
+            assert not _is_grammar_accept_string(grammar, '{"a":\n1}')
+            assert not _is_grammar_accept_string(grammar, '{\n"a": 1}')
+        else:
+            grammar = xgrammar.Grammar.from_json_schema(json.dumps(slot))
+        assert _is_grammar_accept_string(grammar, '{"a": 1}')
+        for other in ('"unit{"', "[1]", "3", "null", "true"):
+            assert not _is_grammar_accept_string(grammar, other), (name, other)
 
 
 @pytest.mark.parametrize("name", STRUCTURAL)
@@ -165,7 +212,7 @@ def test_whitespace_cap_is_xgrammars_option_on_every_argument_grammar(name):
                 cap(item)
     cap(theirs.format)
     ours = build_structural_tag(name, allowed_functions(), "required", max_whitespace=2)
-    assert dumped(ours) == dumped(theirs)
+    assert dumped(ours) == dumped(as_objects(name, theirs))
 
 
 @pytest.mark.parametrize("name", RENAMED)

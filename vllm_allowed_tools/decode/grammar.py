@@ -75,11 +75,24 @@ class _Turn:
     max_whitespace: int | None
 
 
-def _arguments_schema(function: AllowedFunction, strict_level: int) -> Mapping[str, Any] | bool:
+#: the arguments of a tool that pins nothing: a JSON object, keys and values free (every function's
+#: parameters are an object schema, so any other JSON value is a call no client can run)
+ANY_OBJECT: Mapping[str, Any] = {"type": "object"}
+
+
+def object_schema(schema: Mapping[str, Any] | bool | None) -> Mapping[str, Any]:
+    """``schema`` as the schema of an arguments object: an open schema (``true``, ``{}``, missing)
+    becomes any object, a schema that names no type is typed ``object``; a typed one is kept."""
+    if not isinstance(schema, Mapping) or not schema:
+        return ANY_OBJECT
+    return schema if "type" in schema else {**schema, "type": "object"}
+
+
+def _arguments_schema(function: AllowedFunction, strict_level: int) -> Mapping[str, Any]:
     """Pinned schema for strict tools (or every tool at PARAMETER), any JSON object otherwise."""
     if function.strict is True or strict_level >= STRICT_PARAMETER:
-        return function.parameters if function.parameters is not None else True
-    return True
+        return object_schema(function.parameters)
+    return ANY_OBJECT
 
 
 def _tags(spec: GrammarSpec, turn: _Turn) -> StructuralTag:
@@ -166,8 +179,7 @@ def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
         return None
     calls = [{"type": "object", "properties": {
         "name": {"type": "string", "enum": [function.name]},
-        "arguments": (_arguments_schema(function, turn.strict_level)
-                      if _arguments_schema(function, turn.strict_level) is not True else {"type": "object"})},
+        "arguments": _arguments_schema(function, turn.strict_level)},
         "required": ["name", "arguments"]} for function in turn.functions]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not turn.parallel:
@@ -198,7 +210,38 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
     turn = _Turn(functions=functions, mode=mode, parallel=parallel_tool_calls,
                  strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
                  max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
-    return _BUILDERS[spec.kind](spec, turn)
+    tag = _BUILDERS[spec.kind](spec, turn)
+    if tag is None or spec.kind == "json_array":   # a JSON array's calls are typed above
+        return tag
+    return with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+
+
+def with_object_arguments(tag: StructuralTag, *, one_line: bool) -> StructuralTag:
+    """Every JSON argument slot of ``tag`` admits only an object (builtin templates leave a
+    non-strict tool's arguments as any JSON value); with ``one_line``, written without a line
+    break, as ``", "`` / ``": "`` separated JSON (formats whose parser reads no line break inside
+    arguments: vLLM's DeepSeek parsers match arguments with a regex that stops at one)."""
+    def visit(node: Any) -> Any:
+        if isinstance(node, list):
+            return [visit(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "json_schema" and node.get("style", "json") == "json":
+            schema = object_schema(node.get("json_schema"))
+            if one_line:
+                return {"type": "grammar", "grammar": _one_line_json(schema)}
+            return {**node, "json_schema": schema}
+        return {key: visit(value) for key, value in node.items()}
+    return StructuralTag.model_validate(visit(tag.model_dump()))
+
+
+def _one_line_json(schema: Mapping[str, Any]) -> str:
+    """The EBNF of ``schema``'s JSON with fixed separators and no free whitespace (strings can hold
+    no raw line break either: JSON escapes it)."""
+    import json
+
+    from xgrammar import Grammar
+    return str(Grammar.from_json_schema(json.dumps(schema, sort_keys=True), any_whitespace=False))
 
 
 def built(tag: StructuralTag) -> BuiltTag:

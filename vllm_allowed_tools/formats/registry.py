@@ -39,7 +39,9 @@ class GrammarSpec:
     format that shares another's grammar with other wrapper tokens); ``vllm``: the builder vLLM
     registers for ``vllm_model`` (formats whose grammar vLLM owns); ``json_array``: a JSON array of
     calls in required mode, no grammar in auto mode; ``code``: ``builder(functions, mode,
-    parallel_tool_calls, strict_level, max_whitespace)`` returns the tag (or None)."""
+    parallel_tool_calls, strict_level, max_whitespace)`` returns the tag (or None). Whatever the
+    kind, a JSON argument slot admits only an object (``arguments_on_one_line``: with no line
+    break, for parsers that read none)."""
     kind: GrammarKind
     trigger: str | None = None
     calls: tuple[CallShape, ...] = ()
@@ -47,6 +49,8 @@ class GrammarSpec:
     xgrammar_model: str | None = None
     rename: tuple[tuple[str, str], ...] = ()
     vllm_model: str | None = None
+    #: the format's parser reads no line break inside arguments: they are written on one line
+    arguments_on_one_line: bool = False
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
 
