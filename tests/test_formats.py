@@ -155,16 +155,39 @@ def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel):
 def as_objects(name: str, tag):
     """vLLM's tag with its argument slots as ours are (objects only; on one line where the format's
     parser reads no line break): the one transform our builder applies to every format."""
-    return with_object_arguments(tag, one_line=wire_format(name).grammar.arguments_on_one_line)
+    spec = wire_format(name).grammar
+    if spec.kind == "vllm":
+        from vllm_allowed_tools.vllm_glue.vllm_tags import as_served
+        tag = as_served(spec.vllm_model, tag)
+    return with_object_arguments(tag, one_line=spec.arguments_on_one_line)
 
 
-@pytest.mark.parametrize("name", sorted({entry.name for entry in wire_formats()} - {"openai"}))
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_a_harmony_call_ends_at_the_call_token_only(mode):
+    """vLLM's harmony tag lets a call end with ``<|end|>``; spelled in text pieces it passes the
+    grammar and the harmony parser (token ids) reads it as part of the arguments. Ours ends a
+    call where ``<|call|>`` (a stop token) must follow."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+    tag = build_structural_tag("openai", allowed_functions(), mode, parallel_tool_calls=False)
+    grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
+    call = '<|channel|>commentary to=functions.t1 <|constrain|>json<|message|>{"city": "Oslo"}'
+    assert _is_grammar_accept_string(grammar, call)
+    assert not _is_grammar_accept_string(grammar, call + "<|end|>")
+    theirs = xgrammar.Grammar.from_structural_tag(_vllm_tag("openai", mode, False).model_dump_json())
+    assert _is_grammar_accept_string(theirs, call + "<|end|>")   # what this closes
+
+
+@pytest.mark.parametrize("name", FORMATS)
 def test_every_argument_slot_admits_only_an_object(name):
     """A non-strict tool's arguments are an object with any keys, never another JSON value (an
     agent client cannot run a call whose arguments are a string); on one-line formats also
     never a line break."""
     import xgrammar
     from xgrammar.testing import _is_grammar_accept_string
+    if wire_format(name).grammar.kind == "vllm":
+        from vllm.tool_parsers import ToolParserManager
+        ToolParserManager.get_tool_parser(name)   # registers the builder vLLM keeps with its parser
     loose = [AllowedFunction("t1", None, strict=None), AllowedFunction("t2", {}, strict=True)]
     tag = build_structural_tag(name, loose, "required", parallel_tool_calls=False)
     if wire_format(name).grammar.kind == "json_array":   # one schema: the array of calls

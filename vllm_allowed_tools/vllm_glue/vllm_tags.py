@@ -14,7 +14,7 @@ from typing import Any
 from openai.types.responses import FunctionTool
 from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag, limit_to_single_tool_call
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
-from xgrammar.structural_tag import JSONSchemaFormat
+from xgrammar.structural_tag import JSONSchemaFormat, TagFormat
 
 from ..decode.grammar import STRICT_PARAMETER, AllowedFunction, register_vllm_tag_builder
 
@@ -34,11 +34,34 @@ def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: 
                                    strict_level=level)
     if tag is None:
         return None
+    as_served(model, tag)
     if not parallel:
         limit_to_single_tool_call(tag)
     if max_whitespace is not None:
         _cap_whitespace(tag.format, max_whitespace)
     return tag
+
+
+def as_served(model: str, tag: Any) -> Any:
+    """``tag`` (vLLM's, for ``model``) with the changes we serve it with, in place: harmony calls
+    end only at the call token."""
+    if model == "harmony":
+        _calls_end_at_the_call_token(tag.format)
+    return tag
+
+
+def _calls_end_at_the_call_token(node: Any) -> None:
+    """A harmony function call ends with ``<|call|>``, a stop token (written ``""`` in the tag: the
+    grammar ends and only a stop token may follow). vLLM's tag also lets a call end with
+    ``<|end|>``: spelled in ordinary tokens it passes the grammar, and the harmony parser, which
+    reads token ids, takes it into the arguments (``{"q": "x"}<|end|>``), so calls keep only the
+    stop."""
+    if isinstance(node, TagFormat) and isinstance(node.content, JSONSchemaFormat) \
+            and " to=functions." in node.begin and isinstance(node.end, list) and "" in node.end:
+        node.end = [""]
+    for child in (getattr(node, name) for name in getattr(type(node), "model_fields", ())):
+        for item in child if isinstance(child, list) else [child]:
+            _calls_end_at_the_call_token(item)
 
 
 def _cap_whitespace(node: Any, limit: int) -> None:
