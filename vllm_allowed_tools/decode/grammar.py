@@ -173,14 +173,16 @@ def _vllm_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
 
 
 def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
-    """Required mode: a JSON array of ``{"name", "arguments"}`` calls (what vLLM's serving layer
-    parses for these formats); auto mode has no trigger to hang a grammar on."""
+    """Required mode: a JSON array of ``{"name", <arguments_key>}`` calls (what vLLM's serving
+    layer, or the format's parser, reads for these formats); auto mode has no trigger to hang a
+    grammar on."""
     if turn.mode == "auto":
         return None
+    key = spec.arguments_key
     calls = [{"type": "object", "properties": {
         "name": {"type": "string", "enum": [function.name]},
-        "arguments": _arguments_schema(function, turn.strict_level)},
-        "required": ["name", "arguments"]} for function in turn.functions]
+        key: _arguments_schema(function, turn.strict_level)},
+        "required": ["name", key]} for function in turn.functions]
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not turn.parallel:
         schema["maxItems"] = 1

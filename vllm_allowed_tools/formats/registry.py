@@ -51,6 +51,10 @@ class GrammarSpec:
     vllm_model: str | None = None
     #: the format's parser reads no line break inside arguments: they are written on one line
     arguments_on_one_line: bool = False
+    #: ``json_array``: the key of a call's arguments in required mode's array, as its reader reads
+    #: it (vLLM's serving layer: ``parameters``; a parser that reads required output itself, such
+    #: as Mistral's: its own key)
+    arguments_key: str = "parameters"
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
 

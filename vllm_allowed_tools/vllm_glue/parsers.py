@@ -100,14 +100,29 @@ class AllowedToolsMixin:
         # text, and every call parsed from it is dropped below
         if self.structural_tag_model is not None and allowlist.allowed:
             request = self._ensure_structural_tag(request, allowlist)
-        elif allowlist.mode == "required":
-            for field_name in ("structured_outputs", "response_format", "text"):
-                if hasattr(request, field_name):
-                    setattr(request, field_name, getattr(probe, field_name))
+        elif allowlist.mode == "required" and allowlist.allowed:
+            request = self._ensure_call_array(request, allowlist)
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
             hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
+        return request
+
+    def _ensure_call_array(self, request, allowlist: WireAllowlist):
+        """Required mode of a JSON-array format: the registry's array of allowed calls, on both
+        APIs (base parsers set their own only on some: Mistral's on Chat Completions, none on
+        Responses, where the model then wrote free text and the turn ended with no call)."""
+        tag = allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
+                                 ToolStrictLevel.FUNCTION)
+        if tag is None:
+            raise CapabilityError(
+                f"the {self.allowed_tools_base_parser!r} format produced no grammar for a required "
+                "turn", capability="structural_tag", status=500)
+        request.structured_outputs = StructuredOutputsParams(json=tag.tag.format.json_schema)
+        if hasattr(request, "response_format"):
+            request.response_format = None
+        if hasattr(request, "text") and not hasattr(request, "messages"):
+            request.text = None
         return request
 
     def _ensure_structural_tag(self, request, allowlist: WireAllowlist):
