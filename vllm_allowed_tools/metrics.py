@@ -9,6 +9,11 @@ The counters live on prometheus_client's default ``REGISTRY`` because that is wh
   allowlist and we stopped it (``parser``, ``unary_guard``, ``stream_guard``): our stack's fault, or
   the model's; ``unreadable``: a response the guard could not read while a policy applied was
   refused in its place.
+* ``vllm_allowed_tools:backstops_total{reason}``: an answer the output guard refused for what a call
+  (or its absence) was, not for its name: ``required_without_call`` (a turn that must call answered
+  without a call), ``arguments_not_object`` (a call whose arguments are not one JSON object),
+  ``strict_arguments_invalid`` (a ``strict`` tool's arguments do not validate against its schema).
+  Each is also counted once in ``violations_total`` under the source that stopped it.
 * ``vllm_allowed_tools:fallbacks_total{kind}``: an explicitly enabled compatibility fallback (such
   as catalog filtering) was used; such requests do not have the full cache-friendly contract.
 
@@ -26,7 +31,9 @@ from typing import Any
 
 __all__ = [
     "METRIC_NAMES",
+    "BACKSTOP_REASONS",
     "VIOLATION_SOURCES",
+    "record_backstop",
     "record_fallback",
     "record_invalid_selection",
     "record_violation",
@@ -37,6 +44,10 @@ __all__ = [
 # body or stream event that is not JSON) was refused, since it may have held a call
 VIOLATION_SOURCES = frozenset({"parser", "unary_guard", "stream_guard", "unreadable"})
 
+#: why the output guard's backstops refused an answer (``AllowedToolsViolation.reason``)
+BACKSTOP_REASONS = frozenset({"required_without_call", "arguments_not_object",
+                              "strict_arguments_invalid"})
+
 # family -> (prometheus name, label name, help)
 METRIC_NAMES: dict[str, tuple[str, str, str]] = {
     "invalid_selections": (
@@ -45,6 +56,10 @@ METRIC_NAMES: dict[str, tuple[str, str, str]] = {
     "violations": (
         "vllm_allowed_tools:violations", "source",
         "Tool calls outside the allowlist produced by the model/parser and stopped by the plugin."),
+    "backstops": (
+        "vllm_allowed_tools:backstops", "reason",
+        "Answers refused by an output-guard backstop: a required call missing, arguments that are "
+        "not a JSON object, strict arguments that do not validate."),
     "fallbacks": (
         "vllm_allowed_tools:fallbacks", "kind",
         "Requests served through an explicitly enabled compatibility fallback."),
@@ -106,6 +121,12 @@ def record_violation(source: str) -> None:
     that must not fail themselves, and label cardinality must stay bounded.
     """
     _record("violations", source if source in VIOLATION_SOURCES else "other")
+
+
+def record_backstop(reason: str) -> None:
+    """Count one answer refused by an output-guard backstop (one of :data:`BACKSTOP_REASONS`;
+    anything else is counted as ``other``, like :func:`record_violation`)."""
+    _record("backstops", reason if reason in BACKSTOP_REASONS else "other")
 
 
 def record_fallback(kind: str) -> None:

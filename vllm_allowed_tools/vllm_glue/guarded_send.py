@@ -29,6 +29,7 @@ from ..response import (
     unreadable_violation,
 )
 from ..response.asgi import Message, Receive, Send
+from ..response.contract import NAMES_ONLY, OutputContract
 from ..response.conformance import conformed_event, conformed_response
 from ..response.conformance_check import CheckLog
 
@@ -120,11 +121,14 @@ class GuardedSend:
 
     ``commit``: the request's grant-store writes, made when vLLM's answer starts with a 2xx status
     and before any of it goes out (a request vLLM refuses changes nothing); one that fails is
-    answered instead of vLLM's answer."""
+    answered instead of vLLM's answer. ``contract``: the turn's backstops (a call required,
+    arguments checked), judged on the model's output before the approvals rewrite it."""
 
     def __init__(self, send: Send, api: Api, call_filter: Any, echo: dict[str, Any], stop: StopSignal,
                  spec_version: tuple[int, ...], approvals: Any = None,
-                 commit: Callable[[], Any] | None = None) -> None:
+                 commit: Callable[[], Any] | None = None,
+                 contract: OutputContract | None = None) -> None:
+        self._contract = contract if contract is not None else NAMES_ONLY
         self._approvals = approvals
         self._commit = commit
         self._send = send
@@ -210,7 +214,7 @@ class GuardedSend:
             return False
         self._mode = "sse"
         self._guard = GuardedSSE(self._responses_stream() if self._api == "responses"
-                                 else ChatStreamGuard(self._call_filter))
+                                 else ChatStreamGuard(self._call_filter, contract=self._contract))
         if self._check_log is not None:
             self._stream_check = self._check_log.stream()
         return True
@@ -221,8 +225,8 @@ class GuardedSend:
         echo = self._echo
         stream = ResponsesStream(restore=(lambda response: restore_echo(response, echo))
                                  if echo else None, conform=conformed_event)
-        if self._call_filter is not None:
-            ResponsesStreamGuard(self._call_filter, stream=stream)
+        if self._call_filter is not None:   # first: it judges the model's own output
+            ResponsesStreamGuard(self._call_filter, stream=stream, contract=self._contract)
         if self._approvals is not None:
             ApprovalStream(self._approvals, stream=stream)
         return stream
@@ -263,10 +267,11 @@ class GuardedSend:
         if self._call_filter is None:   # a Responses request without tools: the fixer only
             conformed = conformed_response(data)
             return self._buffer if conformed is data else json.dumps(conformed).encode()
-        if self._api == "responses":
-            check_responses_object(data, self._call_filter)
+        changed = False   # the call a cut answer ended inside was marked incomplete
+        if self._api == "responses":   # before the approvals: the model's own output is judged
+            changed = check_responses_object(data, self._call_filter, contract=self._contract)
         else:
-            check_chat_completion(data, self._call_filter)
+            check_chat_completion(data, self._call_filter, contract=self._contract)
         if self._approvals is not None:
             calls = [item for item in data.get("output") or ()
                      if isinstance(item, dict) and item.get("type") == "function_call"]
@@ -275,7 +280,7 @@ class GuardedSend:
         conformed = conformed_response(data) if self._api == "responses" else data
         if self._echo:
             restore_echo(conformed, self._echo)
-        if self._approvals is not None or self._echo or conformed is not data:
+        if changed or self._approvals is not None or self._echo or conformed is not data:
             return json.dumps(conformed).encode()
         return self._buffer
 

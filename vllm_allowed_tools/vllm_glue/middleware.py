@@ -21,6 +21,7 @@ from ..approvals.chat import ChatApprovals
 from ..approvals.errors import GrantStoreUnavailable
 from ..errors import AllowedToolsError, CapabilityError
 from ..metrics import record_fallback
+from ..request import resolve_callable_catalog
 from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
 from ..request.rewrite import (
     Api,
@@ -32,7 +33,9 @@ from ..request.rewrite import (
 )
 from ..response import AllowedNames, request_tools
 from ..response.asgi import Receive, Scope, Send
+from ..response.contract import OutputContract
 from ..response.sse import SSEEvent
+from .argv import flag_value
 from .authentication import find_authentication
 from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
 from .routes import (
@@ -60,6 +63,13 @@ def plain_decoding() -> str:
         raise CapabilityError(f"{PLAIN_DECODING_ENV}={value!r} is not known; set {PLAIN_CATALOG} "
                               f"(the default) or {PLAIN_VANILLA}", capability="config", status=500)
     return value
+
+
+def strict_level_parameter(argv: list[str]) -> bool:
+    """Whether the server runs with vLLM's ``--tool-strict-level parameter`` (every function tool's
+    arguments pinned as if it were ``strict: true``; the output guard then validates them all)."""
+    value = flag_value(argv, "--tool-strict-level", "--tool_strict_level")
+    return value is not None and value.strip().lower() == "parameter"
 
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
@@ -96,6 +106,7 @@ class AllowedToolsMiddleware:
         # vLLM renders a request's own chat_template only when the operator trusts them
         self._request_templates = "--trust-request-chat-template" in sys.argv
         self.plain_decoding = plain_decoding()
+        self.strict_all = strict_level_parameter(sys.argv)   # read once, at start-up
         from ..approvals import engine_from_env
         self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
         self.app = app
@@ -153,6 +164,8 @@ class AllowedToolsMiddleware:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
         call_filter = _output_filter(rewritten, data, api)
+        contract = _output_contract(rewritten, data, api, strict_all=self.strict_all) \
+            if call_filter is not None else None
         if self.plain_decoding == PLAIN_CATALOG:
             rewritten = constrain_to_catalog(rewritten, api)
         approvals = commit = None
@@ -172,7 +185,7 @@ class AllowedToolsMiddleware:
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
         send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec, approvals,
-                           commit)
+                           commit, contract=contract)
         await self.app(scope, stop.receive(body, receive), send)
 
     def _placement_for(self, data: dict, api: Api) -> str:
@@ -304,6 +317,19 @@ def _output_filter(rewritten: Any, body: dict, api: Api) -> Any:
     if body.get("tools"):
         return AllowedNames.from_request(body, api)
     return None
+
+
+def _output_contract(rewritten: Any, body: dict, api: Api, *, strict_all: bool) -> OutputContract:
+    """The guard's backstops for this turn: a call required (``required``, a named choice,
+    ``allowed_tools`` in ``required`` mode), arguments always one JSON object, strict tools' (every
+    tool's under ``--tool-strict-level parameter``) valid against their schema."""
+    turn = rewritten.allowlist
+    if turn is None and body.get("tools"):   # a choice left to vLLM: the catalog, in auto mode
+        try:
+            turn = resolve_callable_catalog(body, api)
+        except AllowedToolsError:
+            turn = None
+    return OutputContract.for_turn(turn, strict_all=strict_all)
 
 
 def _route(router: Any, scope: Scope) -> RouteDecision:
