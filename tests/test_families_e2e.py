@@ -82,10 +82,10 @@ _NUDGES: dict[str, dict[str, float]] = {}
 
 
 def nudges(family: str) -> dict[str, float]:
-    """``logit_bias`` that makes the random model write like a trained one where the grammar
-    leaves it a choice: each format marker as its one token (vLLM's parsers find markers by token
-    id when streaming; the grammar also admits them spelled in pieces), and arguments without line
-    breaks (DeepSeek's parsers read no newline inside arguments)."""
+    """``logit_bias`` that makes the random model write each format marker as its one token, as a
+    trained model does (vLLM's parsers find markers by token id when streaming; the grammar also
+    admits them spelled in pieces). Nothing else is nudged: whatever else the grammar admits, the
+    parser reads."""
     if family not in _NUDGES:
         from vllm_allowed_tools.testing.format_model import writing_nudges
         _NUDGES[family] = writing_nudges(served_model(family), dict.fromkeys(

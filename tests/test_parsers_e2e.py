@@ -50,14 +50,6 @@ SEEDS = (0, 1, 2)
 REQUIRED_MAX_TOKENS = 200
 AUTO_MAX_TOKENS = 40
 
-#: the parsers wired up by the wrapper whose base parser needs an issue fixed in parsers.py
-MISTRAL_RESPONSES_REQUIRED = (
-    "vLLM 0.32's mistral parser builds its pre-v11 [{name, arguments}] schema for Chat only "
-    "(MistralParser.adjust_request skips ResponsesRequest), so on /v1/responses required mode is "
-    "constrained by the generic [{name, parameters}] schema the parser then cannot read: the same "
-    "with vanilla vLLM and the base `mistral` parser")
-
-
 QWEN_XML_WHITESPACE = (
     "allowed_qwen3_coder can return schema-invalid string arguments: xgrammar's qwen_xml style frames "
     "every parameter value with [ \\n\\r\\t]* (up to VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE characters), "
@@ -79,8 +71,7 @@ CASES = [
     Case("allowed_hermes"),
     Case("allowed_qwen3_coder", whitespace_issue=QWEN_XML_WHITESPACE),
     Case("allowed_llama3_json"),
-    Case("allowed_mistral", xfail_required_api="responses",
-         xfail_required=MISTRAL_RESPONSES_REQUIRED),
+    Case("allowed_mistral"),
     Case("allowed_pythonic"),
 ]
 CASE_BY_PARSER = {case.parser: case for case in CASES}
@@ -350,14 +341,23 @@ def test_qwen_xml_framing_whitespace_reaches_the_arguments(glue):
         info.tool_calls[0].function.arguments   # ... and the parsed value must still be schema-valid
 
 
-def test_mistral_required_schema_matches_the_parsers_call_format(glue):
-    """The required-mode schema is the base parser's own ({"name", "arguments"} items for mistral),
-    built from the allowed tools only, so what the grammar admits is what the parser reads."""
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_mistral_required_schema_matches_the_parsers_call_format(glue, api):
+    """The required-mode schema is the format's array ({"name", "arguments"} items for mistral, the
+    key its parser reads), built from the allowed tools only, on both APIs (vLLM's Mistral parser
+    sets one on Chat only: on Responses the turn was unconstrained and ended with no call)."""
     import jsonschema
 
     wrapper, _ = parser_pair(glue, "allowed_mistral")
     request, _ = policy_request("required", ["get_ticket"], TWO_TOOLS)
+    if api == "responses":
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+        tools = [{"type": "function", "name": tool.function.name, "parameters": tool.function.parameters}
+                 for tool in request.tools]
+        request = ResponsesRequest(model="tiny", input="x", tools=tools, tool_choice="required",
+                                   parallel_tool_calls=False, **request.model_extra)
     request = wrapper.adjust_request(request)
+    assert request.extract_structured_outputs() is request.structured_outputs
     schema = request.structured_outputs.json
     schema = json.loads(schema) if isinstance(schema, str) else schema
     # the one output the schema admits for get_ticket(priority=high)

@@ -75,20 +75,17 @@ def add_tokens(model_dir: Path, tokens: tuple[str, ...]) -> None:
     tokenizer.save(str(model_dir / "tokenizer.json"))
 
 
-#: byte-level BPE spells line breaks and tabs as these characters (GPT-2's byte alphabet)
-_BYTE_LEVEL_BREAKS = "\u010a\u0109\u010d"
-
-
 def writing_nudges(model_dir: Path, markers: dict[str, float], avoid: str = "") -> dict[str, float]:
-    """``logit_bias`` that makes a random model write like a trained one where a grammar leaves it a
-    choice: each of ``markers`` (token text: bias) as its one token (vLLM's parsers find markers by
-    token id; a text grammar also admits them spelled in pieces), and no vocabulary token holding a
-    line break, a tab or a character of ``avoid`` (vLLM's DeepSeek parsers read no newline inside
-    arguments). For the tests' sampled requests only."""
+    """``logit_bias`` that makes a random model write markers like a trained one: each of
+    ``markers`` (token text: bias) as its one token (vLLM's parsers find markers by token id; a
+    text grammar also admits them spelled in pieces), and, where ``avoid`` names characters that
+    only ever start a marker (harmony's ``<``), no other token holding one. Nothing else: what the
+    grammar admits beyond that (line breaks, whitespace, long arguments) the parser must read. For
+    the tests' sampled requests only."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     bias = {str(token): -30.0 for text, token in tokenizer.get_vocab(with_added_tokens=False).items()
-            if any(mark in text for mark in _BYTE_LEVEL_BREAKS + avoid)}
+            if avoid and any(mark in text for mark in avoid)}
     bias.update({str(tokenizer.token_to_id(marker)): value for marker, value in markers.items()})
     return bias
