@@ -156,8 +156,8 @@ def arguments_violation(refused: ArgumentsRefusal, name: str | None, source: str
         why = refused.detail if public_name else "they do not parse as one JSON object"
         what = (f"The model produced a call to {shown} whose arguments are not a JSON object "
                 f"({why}), so no client could run it")
-        after = ("An answer cut by the token limit inside its last call is sent as incomplete "
-                 "instead; a larger token limit lets such a call finish.")
+        after = ("(Only the last call of an answer the token limit cut may be unfinished: that "
+                 "answer stays incomplete, and a larger token limit lets the call finish.)")
     message = (f"{what}. The answer was withheld (allowed_tools_violation, {refused.reason}). "
                f"{ON_RETRY} {after}")
     return AllowedToolsViolation(message, name=name, source=source, reason=refused.reason)
