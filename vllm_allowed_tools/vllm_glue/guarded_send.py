@@ -247,7 +247,8 @@ class GuardedSend:
         try:
             body = await self._judged_body(data)
         except AllowedToolsViolation as violation:
-            logger.error("vllm-allowed-tools: refused a call outside the policy: %s", violation)
+            logger.error("vllm-allowed-tools: refused an answer (%s): %s",
+                         violation.reason or "a call outside the policy", violation)
             body = json.dumps(violation.to_openai()).encode()
             start["status"] = violation.status
         except GrantStoreUnavailable as exc:
@@ -321,8 +322,8 @@ class GuardedSend:
         if isinstance(error, GrantStoreUnavailable):
             log_store_down(error)
         else:
-            logger.error("vllm-allowed-tools: ended a stream at a call outside the policy: %s",
-                         error)
+            logger.error("vllm-allowed-tools: ended a stream (%s): %s",
+                         getattr(error, "reason", None) or "a call outside the policy", error)
         await self._last(out)
 
     async def _last(self, body: bytes) -> None:
