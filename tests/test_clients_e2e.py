@@ -220,6 +220,13 @@ def test_codex_exec_runs_to_completion(request, server_name, codex_bin, tmp_path
         kinds = [event["type"] for event in events]
         assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
         assert "response.failed" not in kinds and "error" not in kinds
+        if server_name != "vanilla_server":
+            # every call Codex receives is one it can run: arguments a JSON object, whatever the
+            # model wrote (Codex answers `"unit{"` with an error, and the loop went on until the
+            # context was full)
+            for item in events[-1]["response"]["output"]:
+                if item["type"] == "function_call":
+                    assert isinstance(json.loads(item["arguments"]), dict), item
     events = gateway.exchanges[-1].events()
     usage = events[-1]["response"]["usage"]
     print(f"\n{server_name}: {len(gateway.exchanges)} request(s), prompt "
