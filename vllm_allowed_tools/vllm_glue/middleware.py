@@ -164,8 +164,9 @@ class AllowedToolsMiddleware:
             rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
             record_fallback("filter_catalog")
         call_filter = _output_filter(rewritten, data, api)
+        # a render answers with the prompt, not with the model's output: nothing for the backstops
         contract = _output_contract(rewritten, data, api, strict_all=self.strict_all) \
-            if call_filter is not None else None
+            if call_filter is not None and not render else None
         if self.plain_decoding == PLAIN_CATALOG:
             rewritten = constrain_to_catalog(rewritten, api)
         approvals = commit = None
