@@ -1,0 +1,477 @@
+"""The grammar admits only what the parser reads: strings sampled from every format's ``required``
+grammar are read back by the format's parser as exactly one allowed call with the same arguments,
+unary and streamed in random chunkings (issue 27, item 1).
+
+Per format of the registry (aliases included) and per spelling (below), ``WALKS`` random walks of
+the format's ``required`` grammar (``build_structural_tag(format, allowed, "required",
+parallel_tool_calls=False)``, the tag the wrapper hands vLLM) over a synthetic vocabulary
+(:mod:`vllm_allowed_tools.testing.grammar_walk`): every printable ASCII character, whitespace, a few
+non-ASCII characters, the format's markers and markup strings. Each walked string is read twice:
+
+* what the walk wrote: :func:`~vllm_allowed_tools.testing.grammar_read.read_calls` reads it by the
+  tag's own structure (which call tag, its function, the exact text of its arguments);
+* what the server reads: vLLM's serving-layer parser (``ParserManager.get_parser`` over
+  ``allowed_<format>``, as ``vllm serve`` composes it; for gpt-oss vLLM's ``HarmonyParser``), on a
+  request carrying the policy as our middleware attaches it. Unary: ``parse(text, request,
+  enable_auto_tools=True, model_output_token_ids=...)``, which calls the wrapper's
+  ``extract_tool_calls`` wherever the server does (for the JSON-array formats whose base parser
+  supports ``required``, vLLM's serving layer reads the array itself: that is what the server
+  does). Streamed: ``parse_delta`` over the same tokens in three chunkings (one token a chunk, and
+  two random ones), each chunk's token ids the tokenizer's ids for its walk tokens (a marker token is
+  the format's single added token; a marker written in pieces is the pieces' ids), then the stop
+  token alone (``<|call|>`` for gpt-oss, the tokenizer's EOS otherwise) with ``finished=True``.
+
+Both must give exactly one call, named one of the allowed tools, whose arguments are a JSON object
+equal (as JSON: ``true`` is not ``1``) to what the walk wrote, and valid against the schema for
+strict tools. What "what the walk wrote" is, per argument style:
+
+* JSON arguments (``json`` style, xgrammar's JSON EBNF, a JSON-array format's call under its
+  ``arguments_key``): ``json.loads`` of the argument text;
+* XML parameters (qwen3_coder, qwen3_xml, seed_oss: ``<parameter=k>v</parameter>``; glm45/glm47:
+  ``<arg_key>k</arg_key><arg_value>v</arg_value>``; minimax_m2: ``<parameter name="k">v</parameter>``),
+  for a strict tool the value the grammar pins: a string property's raw text (the grammar admits no
+  framing there), less the format's markup newlines (qwen3/seed: one leading and one trailing
+  ``\\n``, as vLLM's qwen3 parser strips them; glm and minimax: none, their parsers keep the value
+  verbatim); an enum value, number, boolean or object: the text without the whitespace the grammar
+  frames it with, as JSON (an enum value unquoted); for a non-strict tool (the grammar pins no
+  types): the raw text less the markup newlines, converted as vLLM's engine converts it
+  (``coerce_to_schema_type`` on the declared type), the parser's own conversion;
+* repeated keys: the last one wins (as ``json.loads`` and every XML parser here do).
+
+Spellings (``SPELLINGS``): ``markers``: every marker written as its one token, markup never inside a
+value (what a trained model writes); ``pieces``: a marker may be spelled in pieces (its characters'
+tokens), as a model can under a grammar that matches markers as text; ``markup-in-values``: marker
+and markup strings may appear inside string values and free text, where the grammar admits them.
+
+A format that fails is listed in ``XFAIL`` (strict), with the minimal failing string and the cause;
+the failure message of a failing walk shows the walked string shrunk to a minimal one that still
+fails the same way. ``VLLM_ALLOWED_TOOLS_WALKS`` sets the walks per test (default 100).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import jsonschema
+import pytest
+from test_families import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
+
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.formats import wire_format, wire_formats
+from vllm_allowed_tools.testing.calls import chat_selection
+from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS
+from vllm_allowed_tools.testing.grammar_read import WrittenCall, read_calls, xml_parameters
+from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens
+
+WALKS = int(os.environ.get("VLLM_ALLOWED_TOOLS_WALKS", "100"))
+SPELLINGS = {
+    "markers": {"pieces": False, "markup_in_text": False},
+    "pieces": {"pieces": True, "markup_in_text": False},
+    "markup-in-values": {"pieces": False, "markup_in_text": True},
+}
+FORMATS = [entry.name for entry in wire_formats()]
+
+# The causes (grammar admits X, the parser reads Y), then the failing (format, spelling) pairs with
+# the minimal string the default run shrinks its first failure to.
+_ENUM_WS = ("the XML argument grammar (xgrammar's qwen_xml/glm_xml/minimax_xml style) frames a "
+            "non-string value, an enum value too, with [ \\n\\r\\t]*; vLLM's parser keeps that "
+            "whitespace in a string-typed value (qwen3/seed strip one wrapping \\n only, glm/minimax "
+            "keep the value verbatim), so the enum value comes back as e.g. '\\tc', not in the enum")
+_MARKUP_IN_STRING = ("the argument grammar's strings do not exclude the format's markers, so a string "
+                     "argument may hold one; vLLM's parser takes it for the marker (no call, or the "
+                     "arguments cut there)")
+_PIECES = ("the grammar matches markers as text, so a marker spelled in ordinary tokens passes; vLLM's "
+           "streaming parser finds markers by token id and streams no call")
+_ENGINE_TEXT = ("and the wrapper sends the call's markup as content: its _stream_text looks for the "
+                "trigger in current_text, which vLLM's DelegatingParser gives an engine-based parser as "
+                "the delta alone, so a trigger spelled across deltas is never seen")
+_DEEPSEEK_DELTAS = ("vLLM's deepseek streaming parser loses the arguments' tail (or the whole call) when "
+                    "one delta carries several tokens around the markers (the last '}' with "
+                    "<｜tool▁call▁end｜>): '{...}' streams as '{...'; one token a delta reads fine")
+_GLM_REPEAT = ("vLLM's glm_4_7 tag for a non-strict tool is a star over its declared keys, so a key may "
+               "repeat; unary keeps the last value, but the streamed arguments stop at the repeat "
+               "(vLLM's engine streams the JSON as a growing prefix and cannot revise a key it sent)")
+_GRANITE = ("vLLM's serving layer streams a required turn of a supports_required_and_named parser "
+            "with extract_required_tool_call_streaming over previous_text/current_text, but granite's "
+            "parser is engine-based, so StreamState hands it each delta alone: no call ever streams "
+            "(unary reads the array)")
+_LLAMA = ("vLLM's llama3_json streaming re-serializes the partial JSON and diffs it: empty arguments "
+          "'{}' stream as '', and a number whose form changes as digits arrive corrupts the arguments "
+          "('30E20' streams as '30+21', '3e500' as '3nfinity', '900E14' as 90016); unary reads them")
+_MISTRAL = ("vLLM's mistral parser (pre-v11 JSON path) streams the arguments from the ':' when a delta "
+            "starts with the ':' after \"arguments\" and holds the '{' too (': {' in one delta): "
+            "the streamed arguments are ':{...}'; one token a delta and unary read fine")
+_HARMONY_PIECES = ("vLLM's harmony tag matches markers as text: <|start|> spelled in ordinary tokens "
+                   "passes, and the token-based HarmonyParser then reads no message: no call")
+_HARMONY_MARKUP = ("the JSON string grammar admits harmony's special tokens: <|end|> (its token) inside "
+                   "a string ends the message for HarmonyParser, the arguments are cut there")
+_SURROGATE = ("xgrammar's JSON string grammar admits a lone surrogate escape ('\\udaaa'); vLLM's "
+              "serving layer reads the JSON array with pydantic (TypeAdapter.validate_json), which "
+              "refuses it: no call")
+
+
+def _why(cause: str, minimal: str) -> str:
+    return f"{cause}. Minimal: {minimal}"
+
+
+#: (format, spelling) -> why the format's required grammar admits a string its parser misreads;
+#: strict: a pair that starts passing must be taken off
+XFAIL: dict[tuple[str, str], str] = {
+    ("deepseek_v3", "markers"): _why(_DEEPSEEK_DELTAS, "'...get_weather\\n```json\\n{\"city\": \"aaa\", \"unit\": \"f\", "
+                                                       "\"where\": {\"lat\": 100000}}\\n```<｜tool▁call▁end｜>...' in random 1-4 token deltas"),
+    ("deepseek_v3", "pieces"): _why(_PIECES + "; " + _DEEPSEEK_DELTAS,
+                                    "'...search_docs\\n```json\\n{\"\": \"\"}\\n```...' with a marker in pieces"),
+    ("deepseek_v3", "markup-in-values"): _why(_MARKUP_IN_STRING, "{\"city\": \"<｜tool▁call▁begin｜>\", ...} "
+                                              "streams as '{\"city\": \"'"),
+    ("deepseek_v31", "markers"): _why(_DEEPSEEK_DELTAS, "'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                                                        "{\"city\": \"aa\", \"unit\": \"c\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>' "
+                                                        "in random 1-4 token deltas"),
+    ("deepseek_v31", "pieces"): _why(_PIECES + "; " + _DEEPSEEK_DELTAS, "'...get_weather<｜tool▁sep｜>{\"alert\": false, "
+                                     "\"city\": \"a\", \"unit\": \"c\"}<｜tool▁call▁end｜>...'"),
+    ("deepseek_v31", "markup-in-values"): _why(_MARKUP_IN_STRING + "; " + _DEEPSEEK_DELTAS,
+                                               "'...search_docs<｜tool▁sep｜>{}<｜tool▁call▁end｜>...' streams '{'"),
+    ("glm45", "markers"): _why(_GLM_REPEAT + "; also " + _ENUM_WS,
+                               "'<tool_call>search_docs<arg_key>limit</arg_key><arg_value>0</arg_value><arg_key>query"
+                               "</arg_key><arg_value></arg_value><arg_key>limit</arg_key><arg_value>6</arg_value>"
+                               "</tool_call>' streams '{\"limit\": 0, \"query\": \"'"),
+    ("glm45", "pieces"): _why(_PIECES + ", " + _ENGINE_TEXT, "'<tool_call>get_weather...</tool_call>' with "
+                              "<tool_call> in pieces"),
+    ("glm45", "markup-in-values"): _why(_GLM_REPEAT + "; also " + _MARKUP_IN_STRING,
+                                        "'<tool_call>search_docs<arg_key>query</arg_key><arg_value>a</arg_value>"
+                                        "<arg_key>query</arg_key><arg_value></arg_value></tool_call>'"),
+    ("glm47", "markers"): _why(_GLM_REPEAT + "; also " + _ENUM_WS,
+                               "'<tool_call>search_docs<arg_key>limit</arg_key><arg_value>0</arg_value><arg_key>query"
+                               "</arg_key><arg_value></arg_value><arg_key>limit</arg_key><arg_value>8</arg_value>"
+                               "</tool_call>'; '<arg_key>unit</arg_key><arg_value>c\\n</arg_value>' reads 'c\\n'"),
+    ("glm47", "pieces"): _why(_PIECES + ", " + _ENGINE_TEXT, "'<tool_call>search_docs</tool_call>' with "
+                              "<tool_call> in pieces: content '<tool_call>search_docs</tool_call>'"),
+    ("glm47", "markup-in-values"): _why(_GLM_REPEAT + "; also " + _MARKUP_IN_STRING,
+                                        "'<tool_call>search_docs<arg_key>query</arg_key><arg_value>a</arg_value>"
+                                        "<arg_key>query</arg_key><arg_value></arg_value></tool_call>'"),
+    ("granite", "markers"): _why(_GRANITE, "'[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"\",\"unit\":\"f\"}}]'"),
+    ("granite", "pieces"): _why(_GRANITE, "'[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"\",\"unit\":\"c\"}}]'"),
+    ("granite", "markup-in-values"): _why(_GRANITE, "'[{\"name\":\"search_docs\",\"parameters\":{}}]'"),
+    ("granite4", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<tool_call>{\"name\": \"get_weather\", \"arguments\": "
+                                           "{\"city\":\"<tool_call>\",\"unit\":\"f\"}}</tool_call>': no call"),
+    ("hermes", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<tool_call>\\n{\"name\": \"get_weather\", \"arguments\": "
+                                         "{\"city\":\"</tool_call>\",\"unit\":\"f\"}}\\n</tool_call>': no call"),
+    ("kimi_k2", "pieces"): _why(_PIECES + ", " + _ENGINE_TEXT, "'<|tool_calls_section_begin|><|tool_call_begin|>"
+                                "functions.search_docs:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
+                                "<|tool_calls_section_end|>' with <|tool_calls_section_begin|> in pieces"),
+    ("kimi_k2", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<|tool_call_argument_begin|>{\"city\":\"<|tool_call_end|>\",...}"
+                                          "<|tool_call_end|>...': arguments '{\"city\":\"'"),
+    ("llama3_json", "markers"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {\"name\": 30E20}}' "
+                                     "streams '{\"name\": 30+21}'"),
+    ("llama3_json", "pieces"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {}}' streams ''"),
+    ("llama3_json", "markup-in-values"): _why(_LLAMA, "'{..., \"parameters\": {..., \"parameters\": 10e60, ...}}' "
+                                              "streams '10+61'"),
+    ("llama4_json", "markers"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {}}' streams ''"),
+    ("llama4_json", "pieces"): _why(_LLAMA, "'{..., \"parameters\": {..., \"\":60, ...}}' streams '6\"name\"...'"),
+    ("llama4_json", "markup-in-values"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {\"name\": "
+                                              "\"search_docs\", \"parameters\": 8E900}}' streams '8nfinity'"),
+    ("longcat", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<longcat_tool_call>{\"name\": \"search_docs\", \"arguments\": "
+                                          "{\"}</longcat_tool_call>\":0}}</longcat_tool_call>': no call"),
+    ("minimax_m2", "markers"): _why(_ENUM_WS, "'...<parameter name=\"unit\">\\nc</parameter>...' reads '\\nc'"),
+    ("minimax_m2", "pieces"): _why(_ENUM_WS, "'...<parameter name=\"unit\">c </parameter>...' reads 'c '"),
+    ("minimax_m2", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<parameter name=\"city\"><parameter name=\"</parameter>...' "
+                                             "reads a key '\"</parameter'"),
+    ("mistral", "markers"): _why(_MISTRAL, "'[{ \"name\" : \"get_weather\" , \"arguments\":{\"city\":\"\",\"unit\":\"c\"}}]' "
+                                 "in random 1-12 token deltas"),
+    ("mistral", "pieces"): _why(_MISTRAL, "'[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"\",\"unit\":\"c\"}}]' "
+                                "in random 1-4 token deltas"),
+    ("mistral", "markup-in-values"): _why(_MISTRAL + "; also " + _MARKUP_IN_STRING,
+                                          "'[{\"name\":\"search_docs\",\"arguments\":{\"[TOOL_CALLS]\":\"\"}}]': no call"),
+    ("openai", "pieces"): _why(_HARMONY_PIECES, "'<|channel|>commentary<|message|><|end|><|start|>assistant "
+                               "to=functions.search_docs<|channel|>commentary <|constrain|>json<|message|>"
+                               "{\"\":\"\"}' with <|start|> in pieces"),
+    ("openai", "markup-in-values"): _why(_HARMONY_MARKUP, "'<|channel|>final to=functions.search_docs <|constrain|>json"
+                                         "<|message|>{\"<|end|>\":\"\"}': arguments '{\"'"),
+    ("pythonic", "markup-in-values"): _why(_SURROGATE, "'[{\"name\":\"search_docs\",\"parameters\":{\"\\\\udaaa\":\"\"}}]'"),
+    ("qwen3_coder", "markers"): _why(_ENUM_WS, "'<tool_call>\\n<function=get_weather>\\n<parameter=city></parameter>"
+                                     "<parameter=unit>\\tc</parameter>\\n</function>\\n</tool_call>' reads '\\tc'"),
+    ("qwen3_coder", "pieces"): _why(_ENUM_WS, "'...<parameter=unit>\\tc</parameter>...' reads '\\tc'"),
+    ("qwen3_coder", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<parameter=city>\\n</function>\\n</tool_call>"
+                                              "</parameter>...': arguments {}"),
+    ("qwen3_xml", "markers"): _why(_ENUM_WS, "'...<parameter=unit>f\\r</parameter>...' reads 'f\\r'"),
+    ("qwen3_xml", "pieces"): _why(_ENUM_WS, "'...<parameter=unit>c\\r</parameter>...' reads 'c\\r'"),
+    ("qwen3_xml", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<parameter=city><parameter=</parameter>...' "
+                                            "reads a key '</parameter'"),
+    ("seed_oss", "markers"): _why(_ENUM_WS, "'...<parameter=unit>c </parameter>...' reads 'c '"),
+    ("seed_oss", "pieces"): _why(_ENUM_WS, "'...<parameter=unit> f</parameter>...' reads ' f'"),
+    ("seed_oss", "markup-in-values"): _why(_ENUM_WS, "'...<parameter=unit>f\\t</parameter>...' reads 'f\\t'"),
+}
+
+# ------------------------------------------------------------------------------------- the catalog
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string"},
+    "unit": {"type": "string", "enum": ["c", "f"]},
+    "days": {"type": "integer"},
+    "alert": {"type": "boolean"},
+    "where": {"type": "object", "properties": {"lat": {"type": "number"}, "label": {"type": "string"}},
+              "required": ["lat"], "additionalProperties": False}},
+    "required": ["city", "unit"], "additionalProperties": False}
+SEARCH = {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+          "required": ["query"]}
+NOTE = {"type": "object", "properties": {"note_id": {"type": "string"}}, "required": ["note_id"],
+        "additionalProperties": False}
+EMAIL = {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}}
+#: name -> (schema, strict); two allowed (one strict, one not), two not
+CATALOG = {"get_weather": (WEATHER, True), "search_docs": (SEARCH, False),
+           "delete_note": (NOTE, True), "send_email": (EMAIL, False)}
+ALLOWED = ["get_weather", "search_docs"]
+
+#: the markup newlines a format's parser strips from an XML string value (one each side)
+XML_STRING_TRIM = {"qwen3_coder": "\n", "qwen3_xml": "\n", "seed_oss": "\n"}
+#: the XML style of formats whose call tag spells the parameters out itself (non-strict GLM)
+XML_STYLE = {"glm45": "glm_xml", "glm47": "glm_xml"}
+WS = " \n\r\t"
+
+
+def chat_tools() -> list[dict[str, Any]]:
+    return [{"type": "function", "function": {"name": name, "description": f"{name} tool",
+                                              "parameters": schema, "strict": strict}}
+            for name, (schema, strict) in CATALOG.items()]
+
+
+def policy_request():
+    """A ChatCompletionRequest as vLLM sees it after our middleware: required mode over ALLOWED,
+    no parallel calls (test_parsers_e2e.policy_request, over this module's catalog)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from vllm_allowed_tools.request.rewrite import rewrite_request
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": chat_tools(),
+            "parallel_tool_calls": False, "tool_choice": chat_selection("required", ALLOWED)}
+    return ChatCompletionRequest(**rewrite_request(body, "chat").body)
+
+
+@cache
+def required_tag(family: str):
+    if wire_format(family).grammar.kind == "vllm":
+        import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony builder)
+    functions = [AllowedFunction(name, CATALOG[name][0], CATALOG[name][1]) for name in ALLOWED]
+    return build_structural_tag(family, functions, "required", parallel_tool_calls=False)
+
+
+@dataclass
+class Setup:
+    family: str
+    tag: Any
+    walker: GrammarWalker
+    parser_cls: type
+    tokenizer: Any
+    request: Any
+    stop_id: int
+    ids: dict[str, list[int]]
+
+    def token_ids(self, token: str) -> list[int]:
+        if token not in self.ids:
+            self.ids[token] = self.tokenizer.encode(token, add_special_tokens=False)
+        return self.ids[token]
+
+
+_SETUPS: dict[str, Setup] = {}
+
+
+def setup_for(family: str, tokenizer_for) -> Setup:
+    if family in _SETUPS:
+        return _SETUPS[family]
+    from vllm.parser.parser_manager import ParserManager
+    tag = required_tag(family)
+    assert tag is not None, f"{family}: no required grammar"
+    tokenizer = tokenizer_for(family)
+    parser_cls = ParserManager.get_parser(tool_parser_name=f"allowed_{family}", enable_auto_tools=True,
+                                          is_harmony=family in HARMONY_FORMATS)
+    request = parser_cls(tokenizer, policy_request().tools).adjust_request(policy_request())
+    stop = "<|call|>" if family in HARMONY_FORMATS else None
+    stop_id = tokenizer.convert_tokens_to_ids(stop) if stop else tokenizer.eos_token_id
+    setup = Setup(family, tag, GrammarWalker(tag, format_tokens(family, tag)), parser_cls, tokenizer,
+                  request, stop_id, {})
+    _SETUPS[family] = setup
+    return setup
+
+
+# ------------------------------------------------------------------------- what the walk wrote
+def json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values: numbers by value, but a boolean is never a number."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _trim(value: str, mark: str | None) -> str:
+    return value.removeprefix(mark).removesuffix(mark) if mark else value
+
+
+def xml_value(family: str, raw: str, prop: Any, strict: bool) -> Any:
+    trimmed = _trim(raw, XML_STRING_TRIM.get(family))
+    if not isinstance(prop, dict):
+        return trimmed
+    if not strict:
+        from vllm.tool_parsers.utils import coerce_to_schema_type, extract_types_from_schema
+        return coerce_to_schema_type(trimmed, extract_types_from_schema(prop))
+    if "enum" in prop:
+        return raw.strip(WS)
+    if prop.get("type") == "string":
+        return trimmed
+    return json.loads(raw.strip(WS))
+
+
+def written(setup: Setup, text: str) -> tuple[str, Any]:
+    """(name, arguments) the walk wrote: exactly one call, as the tag reads it."""
+    calls = read_calls(setup.tag, text, ALLOWED)
+    assert len(calls) == 1, f"the grammar admitted {len(calls)} calls in {text!r}: {calls}"
+    call: WrittenCall = calls[0]
+    if call.name is None:   # a bare JSON array of calls, arguments under the format's key
+        items = json.loads(call.arguments)
+        assert isinstance(items, list) and len(items) == 1, items
+        return items[0]["name"], items[0][wire_format(setup.family).grammar.arguments_key]
+    schema, strict = CATALOG[call.name]
+    style = XML_STYLE.get(setup.family, call.style) if call.style == "text" else call.style
+    if style == "json":
+        return call.name, json.loads(call.arguments)
+    properties = schema.get("properties", {})
+    return call.name, {key: xml_value(setup.family, raw, properties.get(key), strict)
+                       for key, raw in xml_parameters(call.arguments, style, call.schema)}
+
+
+# ------------------------------------------------------------------------- what the server reads
+def chunkings(count: int, seed: int) -> dict[str, list[int]]:
+    """Chunk sizes covering ``count`` tokens: one token a chunk, and two random chunkings."""
+    result = {"per-token": [1] * count}
+    for name, largest in (("random-4", 4), ("random-12", 12)):
+        rng, sizes = random.Random(f"{seed}/{name}"), []
+        while sum(sizes) < count:
+            sizes.append(rng.randint(1, largest))
+        result[name] = sizes
+    return result
+
+
+def unary_calls(setup: Setup, tokens: tuple[str, ...]) -> tuple[list[tuple[str, str]], str | None]:
+    ids = [i for token in tokens for i in setup.token_ids(token)] + [setup.stop_id]
+    parser = setup.parser_cls(setup.tokenizer, setup.request.tools)
+    _, content, calls = parser.parse("".join(tokens), setup.request, enable_auto_tools=True,
+                                     model_output_token_ids=ids)
+    return [(call.name, call.arguments) for call in calls or []], content
+
+
+def streamed_calls(setup: Setup, tokens: tuple[str, ...], sizes: list[int]) -> tuple[list[tuple[str, str]], str]:
+    parser = setup.parser_cls(setup.tokenizer, setup.request.tools)
+    chunks, start = [], 0
+    for size in sizes:
+        piece = tokens[start:start + size]
+        chunks.append(("".join(piece), [i for token in piece for i in setup.token_ids(token)]))
+        start += size
+    chunks.append(("", [setup.stop_id]))
+    calls: dict[int, list[str]] = {}
+    content = ""
+    for number, (text, ids) in enumerate(chunks):
+        delta = parser.parse_delta(text, ids, setup.request, prompt_token_ids=[],
+                                   finished=number == len(chunks) - 1)
+        if delta is None:
+            continue
+        content += delta.content or ""
+        for call in delta.tool_calls or []:
+            entry = calls.setdefault(call.index, ["", ""])
+            if call.function is not None:
+                entry[0] += call.function.name or ""
+                entry[1] += call.function.arguments or ""
+    return [tuple(calls[index]) for index in sorted(calls)], content
+
+
+def judge(read: list[tuple[str, str]], expected: tuple[str, Any]) -> str | None:
+    """None when ``read`` is exactly the one expected call; else what differs."""
+    if len(read) != 1:
+        return f"{len(read)} calls {read}"
+    name, arguments = read[0]
+    if name != expected[0] or name not in ALLOWED:
+        return f"name {name!r}, expected {expected[0]!r}"
+    try:
+        parsed = json.loads(arguments)
+    except (TypeError, ValueError):
+        return f"arguments {arguments!r} are not JSON"
+    if not isinstance(parsed, dict):
+        return f"arguments {arguments!r} are not a JSON object"
+    if not json_equal(parsed, expected[1]):
+        return f"arguments {parsed!r}, the walk wrote {expected[1]!r}"
+    schema, strict = CATALOG[name]
+    if strict:
+        try:
+            jsonschema.validate(parsed, schema)
+        except jsonschema.ValidationError as exc:
+            return f"arguments {parsed!r} invalid against the schema: {exc.message}"
+    return None
+
+
+def problem(setup: Setup, tokens: tuple[str, ...], seed: int) -> tuple[str, str] | None:
+    """(kind, what went wrong) for the first check the walk fails, None when it passes all."""
+    expected = written(setup, "".join(tokens))
+    if not isinstance(expected[1], dict):
+        return "written", f"the grammar admitted arguments {expected[1]!r}, not a JSON object"
+    calls, content = unary_calls(setup, tokens)
+    wrong = judge(calls, expected)
+    if wrong:
+        return "unary", f"{wrong} (content {content!r})"
+    for name, sizes in chunkings(len(tokens), seed).items():
+        calls, content = streamed_calls(setup, tokens, sizes)
+        wrong = judge(calls, expected)
+        if wrong:
+            return f"streamed/{name}", f"{wrong} (content {content!r})"
+    return None
+
+
+# ----------------------------------------------------------------------------------------- tests
+def _params():
+    for family in FORMATS:
+        for spelling in SPELLINGS:
+            reason = XFAIL.get((family, spelling))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            yield pytest.param(family, spelling, marks=marks, id=f"{family}-{spelling}")
+
+
+def test_the_walks_grammar_is_the_one_the_wrapper_hands_vllm(tokenizer_for):
+    """The tag walked below is the wrapper's own for the request (so the walks explore what the
+    server decodes with), for every format whose wrapper builds a tag."""
+    from vllm.tool_parsers import ToolParserManager
+    for family in FORMATS:
+        if wire_format(family).grammar.kind == "json_array":
+            continue
+        wrapper = ToolParserManager.get_tool_parser(f"allowed_{family}")(tokenizer_for(family))
+        ours = wrapper.get_structural_tag(policy_request())
+        assert json.dumps(ours.model_dump(), sort_keys=True) == \
+            json.dumps(required_tag(family).model_dump(), sort_keys=True), family
+
+
+@pytest.mark.parametrize("family,spelling", list(_params()))
+def test_every_string_the_required_grammar_admits_is_read_back(tokenizer_for, family, spelling):
+    setup = setup_for(family, tokenizer_for)
+    rng = random.Random(f"{family}/{spelling}")
+    for _ in range(WALKS):
+        seed = rng.randrange(2 ** 32)
+        tokens = setup.walker.walk_tokens(random.Random(seed), **SPELLINGS[spelling])
+        found = problem(setup, tokens, seed)
+        if found is None:
+            continue
+        kind = found[0]
+
+        def same_failure(candidate: tuple[str, ...], seed: int = seed, kind: str = kind) -> bool:
+            try:
+                again = problem(setup, candidate, seed)
+            except (AssertionError, ValueError, KeyError):   # a candidate the reader cannot read
+                return False
+            return again is not None and again[0] == kind
+
+        smallest = setup.walker.shrink(tokens, same_failure)
+        pytest.fail(f"{family} ({spelling}): the required grammar admits {''.join(smallest)!r} "
+                    f"(tokens {list(smallest)!r}); {kind}: {problem(setup, smallest, seed)[1]}\n"
+                    f"  (the walk, seed {seed}: {''.join(tokens)!r})")
