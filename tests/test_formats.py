@@ -23,6 +23,7 @@ from vllm_allowed_tools.formats import (
 )
 from vllm_allowed_tools.grammars import GRAMMAR_DIR
 from vllm_allowed_tools.templates import TEMPLATE_DIR
+from vllm_allowed_tools.testing.grammar_read import grammar_style
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -178,6 +179,11 @@ def test_a_harmony_call_ends_at_the_call_token_only(mode):
     assert _is_grammar_accept_string(theirs, call + "<|end|>")   # what this closes
 
 
+#: one parameter, as each XML argument style writes it
+XML_PARAMETER = {"qwen_xml": "<parameter=a>\n1\n</parameter>", "minimax_xml": '<parameter name="a">1</parameter>',
+                 "glm_xml": "<arg_key>a</arg_key><arg_value>1</arg_value>"}
+
+
 @pytest.mark.parametrize("name", FORMATS)
 def test_every_argument_slot_admits_only_an_object(name):
     """A non-strict tool's arguments are an object with any keys, never another JSON value (an
@@ -212,6 +218,12 @@ def test_every_argument_slot_admits_only_an_object(name):
                 collect(value)
     collect(tag.model_dump())
     for slot in slots:
+        if isinstance(slot, str) and grammar_style(slot) != "json":   # XML parameters
+            grammar = xgrammar.Grammar.from_ebnf(slot)
+            assert _is_grammar_accept_string(grammar, XML_PARAMETER[grammar_style(slot)])
+            for other in ('"unit{"', "[1]", "3", '{"a": 1}'):
+                assert not _is_grammar_accept_string(grammar, other), (name, other)
+            continue
         if isinstance(slot, str):   # one-line EBNF
             grammar = xgrammar.Grammar.from_ebnf(slot)
             assert not _is_grammar_accept_string(grammar, '{"a":\n1}')
@@ -255,6 +267,13 @@ def test_a_renamed_grammar_is_its_source_with_only_the_markup_renamed(name, mode
     renamed = dict(spec.rename)
 
     def walk(a, b, key=None):
+        if isinstance(a, dict) and a.get("type") == "grammar" and b.get("type") == "json_schema":
+            # the XML arguments, rewritten from xgrammar's (values unframed): the same parameters
+            assert grammar_style(a["grammar"]) == b["style"]
+            schema = b["json_schema"] if isinstance(b["json_schema"], dict) else {}
+            for parameter in schema.get("properties", {}):
+                assert f'"<parameter={parameter}"' in a["grammar"]
+            return
         if isinstance(a, dict):
             assert set(a) == set(b)
             for k in a:
@@ -337,3 +356,51 @@ def test_longcat_registers_and_its_grammar_admits_only_allowed_longcat_calls():
     assert _is_grammar_accept_string(grammar, call % "t1")
     assert not _is_grammar_accept_string(grammar, call % "t0")                       # not allowed
     assert not _is_grammar_accept_string(grammar, (call % "t1").replace("longcat_", ""))   # hermes markup
+
+
+#: (format, an enum value written as its parser reads it, the same value framed by whitespace the
+#: parser keeps, a string value, one holding markup the parser takes for markup)
+XML_VALUES = [
+    ("qwen3_coder", "<parameter=unit>\nc\n</parameter>", "<parameter=unit>\tc </parameter>",
+     "<parameter=city>a/function b</parameter>", "<parameter=city>a</function>b</parameter>"),
+    ("seed_oss", "<parameter=unit>c</parameter>", "<parameter=unit>\n\nc</parameter>",
+     "<parameter=city>a seed:tool_call</parameter>", "<parameter=city>a</seed:tool_call></parameter>"),
+    ("minimax_m2", '<parameter name="unit">c</parameter>', '<parameter name="unit">\nc</parameter>',
+     '<parameter name="city">a parameter name=</parameter>', '<parameter name="city">a<parameter name="x</parameter>'),
+    ("glm47", "<arg_key>unit</arg_key><arg_value>c</arg_value>", "<arg_key>unit</arg_key><arg_value>c\n</arg_value>",
+     "<arg_key>city</arg_key><arg_value>a arg_key</arg_value>", "<arg_key>city</arg_key><arg_value>a<arg_key>b</arg_value>"),
+]
+
+
+@pytest.mark.parametrize("name,read,framed,plain,markup", XML_VALUES, ids=[case[0] for case in XML_VALUES])
+def test_an_xml_value_is_written_as_its_parser_reads_it(name, read, framed, plain, markup):
+    """xgrammar frames a non-string XML value with free whitespace and lets a string hold any
+    markup but its closing tag; the parsers keep the value verbatim (qwen3/seed strip one line break
+    each side) and read markup as markup. The strict tool's grammar admits neither."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+    if wire_format(name).grammar.kind == "vllm":
+        from vllm.tool_parsers import ToolParserManager
+        ToolParserManager.get_tool_parser(name)
+    schema = {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}},
+              "required": ["unit"], "additionalProperties": False}
+    strings = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+               "additionalProperties": False}
+    for parameters, good, bad in ((schema, read, framed), (strings, plain, markup)):
+        tag = build_structural_tag(name, [AllowedFunction("t", parameters, strict=True)], "required",
+                                   parallel_tool_calls=False)
+        slots = [node["grammar"] for node in _nodes(tag.model_dump()) if node.get("type") == "grammar"]
+        assert len(slots) == 1, name
+        grammar = xgrammar.Grammar.from_ebnf(slots[0])
+        assert _is_grammar_accept_string(grammar, good), (name, good)
+        assert not _is_grammar_accept_string(grammar, bad), (name, bad)
+
+
+def _nodes(node):
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _nodes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _nodes(value)

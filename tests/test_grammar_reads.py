@@ -61,7 +61,7 @@ import jsonschema
 import pytest
 from test_families import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.decode.grammar import ANY_OBJECT, AllowedFunction, build_structural_tag, object_schema
 from vllm_allowed_tools.formats import wire_format, wire_formats
 from vllm_allowed_tools.testing.calls import chat_selection
 from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS
@@ -78,10 +78,10 @@ FORMATS = [entry.name for entry in wire_formats()]
 
 # The causes (grammar admits X, the parser reads Y), then the failing (format, spelling) pairs with
 # the minimal string the default run shrinks its first failure to.
-_ENUM_WS = ("the XML argument grammar (xgrammar's qwen_xml/glm_xml/minimax_xml style) frames a "
-            "non-string value, an enum value too, with [ \\n\\r\\t]*; vLLM's parser keeps that "
-            "whitespace in a string-typed value (qwen3/seed strip one wrapping \\n only, glm/minimax "
-            "keep the value verbatim), so the enum value comes back as e.g. '\\tc', not in the enum")
+_HUGE_NUMBER = ("the JSON number grammar admits any exponent; a JSON-typed XML value is read with "
+                "json.loads and written back with json.dumps, so 5e600 (a float overflow) comes back "
+                "as 'Infinity', which is no JSON: the output guard refuses the call "
+                "(arguments_not_object), the client gets an error instead of a call")
 _MARKUP_IN_STRING = ("the argument grammar's strings do not exclude the format's markers, so a string "
                      "argument may hold one; vLLM's parser takes it for the marker (no call, or the "
                      "arguments cut there)")
@@ -135,7 +135,7 @@ XFAIL: dict[tuple[str, str], str] = {
                                      "\"city\": \"a\", \"unit\": \"c\"}<｜tool▁call▁end｜>...'"),
     ("deepseek_v31", "markup-in-values"): _why(_MARKUP_IN_STRING + "; " + _DEEPSEEK_DELTAS,
                                                "'...search_docs<｜tool▁sep｜>{}<｜tool▁call▁end｜>...' streams '{'"),
-    ("glm45", "markers"): _why(_GLM_REPEAT + "; also " + _ENUM_WS,
+    ("glm45", "markers"): _why(_GLM_REPEAT,
                                "'<tool_call>search_docs<arg_key>limit</arg_key><arg_value>0</arg_value><arg_key>query"
                                "</arg_key><arg_value></arg_value><arg_key>limit</arg_key><arg_value>6</arg_value>"
                                "</tool_call>' streams '{\"limit\": 0, \"query\": \"'"),
@@ -144,7 +144,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ("glm45", "markup-in-values"): _why(_GLM_REPEAT + "; also " + _MARKUP_IN_STRING,
                                         "'<tool_call>search_docs<arg_key>query</arg_key><arg_value>a</arg_value>"
                                         "<arg_key>query</arg_key><arg_value></arg_value></tool_call>'"),
-    ("glm47", "markers"): _why(_GLM_REPEAT + "; also " + _ENUM_WS,
+    ("glm47", "markers"): _why(_GLM_REPEAT,
                                "'<tool_call>search_docs<arg_key>limit</arg_key><arg_value>0</arg_value><arg_key>query"
                                "</arg_key><arg_value></arg_value><arg_key>limit</arg_key><arg_value>8</arg_value>"
                                "</tool_call>'; '<arg_key>unit</arg_key><arg_value>c\\n</arg_value>' reads 'c\\n'"),
@@ -176,10 +176,13 @@ XFAIL: dict[tuple[str, str], str] = {
                                               "\"search_docs\", \"parameters\": 8E900}}' streams '8nfinity'"),
     ("longcat", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<longcat_tool_call>{\"name\": \"search_docs\", \"arguments\": "
                                           "{\"}</longcat_tool_call>\":0}}</longcat_tool_call>': no call"),
-    ("minimax_m2", "markers"): _why(_ENUM_WS, "'...<parameter name=\"unit\">\\nc</parameter>...' reads '\\nc'"),
-    ("minimax_m2", "pieces"): _why(_ENUM_WS, "'...<parameter name=\"unit\">c </parameter>...' reads 'c '"),
-    ("minimax_m2", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<parameter name=\"city\"><parameter name=\"</parameter>...' "
-                                             "reads a key '\"</parameter'"),
+    ("minimax_m2", "pieces"): _why(_HUGE_NUMBER, "'...<parameter name=\"where\">{\"lat\":5e600}</parameter>...'"),
+    ("minimax_m2", "markup-in-values"): _why(_MARKUP_IN_STRING + " (a JSON string inside a JSON-typed XML value)",
+                                             "'...<parameter name=\"where\">{\"lat\":0,\"label\":\"<parameter name=\"}"
+                                             "</parameter>...'"),
+    ("qwen3_coder", "markup-in-values"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":3E900}</parameter>...'"),
+    ("qwen3_xml", "markup-in-values"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":8e900}</parameter>...'"),
+    ("seed_oss", "markers"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":5E400}</parameter>...'"),
     ("mistral", "markers"): _why(_MISTRAL, "'[{ \"name\" : \"get_weather\" , \"arguments\":{\"city\":\"\",\"unit\":\"c\"}}]' "
                                  "in random 1-12 token deltas"),
     ("mistral", "pieces"): _why(_MISTRAL, "'[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"\",\"unit\":\"c\"}}]' "
@@ -192,18 +195,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ("openai", "markup-in-values"): _why(_HARMONY_MARKUP, "'<|channel|>final to=functions.search_docs <|constrain|>json"
                                          "<|message|>{\"<|end|>\":\"\"}': arguments '{\"'"),
     ("pythonic", "markup-in-values"): _why(_SURROGATE, "'[{\"name\":\"search_docs\",\"parameters\":{\"\\\\udaaa\":\"\"}}]'"),
-    ("qwen3_coder", "markers"): _why(_ENUM_WS, "'<tool_call>\\n<function=get_weather>\\n<parameter=city></parameter>"
-                                     "<parameter=unit>\\tc</parameter>\\n</function>\\n</tool_call>' reads '\\tc'"),
-    ("qwen3_coder", "pieces"): _why(_ENUM_WS, "'...<parameter=unit>\\tc</parameter>...' reads '\\tc'"),
-    ("qwen3_coder", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<parameter=city>\\n</function>\\n</tool_call>"
-                                              "</parameter>...': arguments {}"),
-    ("qwen3_xml", "markers"): _why(_ENUM_WS, "'...<parameter=unit>f\\r</parameter>...' reads 'f\\r'"),
-    ("qwen3_xml", "pieces"): _why(_ENUM_WS, "'...<parameter=unit>c\\r</parameter>...' reads 'c\\r'"),
-    ("qwen3_xml", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<parameter=city><parameter=</parameter>...' "
-                                            "reads a key '</parameter'"),
-    ("seed_oss", "markers"): _why(_ENUM_WS, "'...<parameter=unit>c </parameter>...' reads 'c '"),
-    ("seed_oss", "pieces"): _why(_ENUM_WS, "'...<parameter=unit> f</parameter>...' reads ' f'"),
-    ("seed_oss", "markup-in-values"): _why(_ENUM_WS, "'...<parameter=unit>f\\t</parameter>...' reads 'f\\t'"),
 }
 
 # ------------------------------------------------------------------------------------- the catalog
@@ -224,6 +215,9 @@ EMAIL = {"type": "object", "properties": {"to": {"type": "string"}, "body": {"ty
 CATALOG = {"get_weather": (WEATHER, True), "search_docs": (SEARCH, False),
            "delete_note": (NOTE, True), "send_email": (EMAIL, False)}
 ALLOWED = ["get_weather", "search_docs"]
+#: allowed name -> the arguments schema its grammar pins (a non-strict tool's: any object)
+ARGUMENT_SCHEMAS = {name: object_schema(CATALOG[name][0]) if CATALOG[name][1] else ANY_OBJECT
+                    for name in ALLOWED}
 
 #: the markup newlines a format's parser strips from an XML string value (one each side)
 XML_STRING_TRIM = {"qwen3_coder": "\n", "qwen3_xml": "\n", "seed_oss": "\n"}
@@ -329,7 +323,7 @@ def xml_value(family: str, raw: str, prop: Any, strict: bool) -> Any:
 
 def written(setup: Setup, text: str) -> tuple[str, Any]:
     """(name, arguments) the walk wrote: exactly one call, as the tag reads it."""
-    calls = read_calls(setup.tag, text, ALLOWED)
+    calls = read_calls(setup.tag, text, ARGUMENT_SCHEMAS)
     assert len(calls) == 1, f"the grammar admitted {len(calls)} calls in {text!r}: {calls}"
     call: WrittenCall = calls[0]
     if call.name is None:   # a bare JSON array of calls, arguments under the format's key

@@ -8,6 +8,7 @@ and agent clients repeat the same turn. What each mode admits: docs/decode-path.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -129,7 +130,6 @@ _MARKUP_FIELDS = ("begin", "end", "triggers", "excludes")
 def _renamed(tag: StructuralTag, rename: Sequence[tuple[str, str]]) -> StructuralTag:
     """``tag`` with its markup strings renamed in one pass (longest match first: ``</think>`` is
     never read as ``<think>``)."""
-    import re
     table = dict(rename)
     pattern = re.compile("|".join(re.escape(old) for old in sorted(table, key=len, reverse=True)))
 
@@ -223,9 +223,9 @@ def with_object_arguments(tag: StructuralTag, *, one_line: bool) -> StructuralTa
     non-strict tool's arguments as any JSON value); with ``one_line``, written without a line
     break, as ``", "`` / ``": "`` separated JSON (formats whose parser reads no line break inside
     arguments: vLLM's DeepSeek parsers match arguments with a regex that stops at one)."""
-    def visit(node: Any) -> Any:
+    def visit(node: Any, markup: tuple[str, ...]) -> Any:
         if isinstance(node, list):
-            return [visit(item) for item in node]
+            return [visit(item, markup) for item in node]
         if not isinstance(node, dict):
             return node
         if node.get("type") == "json_schema" and node.get("style", "json") == "json":
@@ -233,8 +233,46 @@ def with_object_arguments(tag: StructuralTag, *, one_line: bool) -> StructuralTa
             if one_line:
                 return {"type": "grammar", "grammar": _one_line_json(schema)}
             return {**node, "json_schema": schema}
-        return {key: visit(value) for key, value in node.items()}
-    return StructuralTag.model_validate(visit(tag.model_dump()))
+        if node.get("type") == "json_schema" and node.get("style") in _XML_VALUE_FRAMES:
+            return {"type": "grammar", "grammar": _xml_values_unframed(node, markup)}
+        if node.get("type") == "tag":   # a string inside may not spell the markup that ends it
+            ends = node["end"] if isinstance(node["end"], list) else [node["end"]]
+            markup = markup + tuple(piece for end in ends for piece in end.split())
+        return {key: visit(value, markup) for key, value in node.items()}
+    return StructuralTag.model_validate(visit(tag.model_dump(), ()))
+
+
+#: XML argument styles -> (the literals that open and close one value, the whitespace its parser
+#: strips from each side, the markup its parser finds inside a value). xgrammar frames every
+#: non-string value (an enum's too) with free whitespace, and lets a string value hold any markup
+#: but the closing tag; vLLM's parsers keep a value's text verbatim (qwen3 and seed_oss strip one
+#: wrapping line break) and take markup for markup, so "\tlow " comes back out of its enum and a
+#: "<parameter=" in a string starts a parameter
+_XML_VALUE_FRAMES: Mapping[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "qwen_xml": ('">"', '"</parameter>"', '"\\n"?', ("<parameter=", "</function>")),
+    "minimax_xml": ('"\\">"', '"</parameter>"', "", ("<parameter name=", "</invoke>")),
+    "glm_xml": ('"<arg_value>"', '"</arg_value>"', "", ("<arg_key>", "</arg_key>", "<arg_value>")),
+}
+_FREE_WHITESPACE = r'(?:\[ \\n\\r\\t\]\*|whitespace_\d+\{0, ?\d+\})'
+_STRING_EXCLUDES = re.compile(r'excludes=\(("(?:[^"\\]|\\.)*"(?:, *"(?:[^"\\]|\\.)*")*)\)')
+
+
+def _xml_values_unframed(node: Mapping[str, Any], markup: Sequence[str]) -> str:
+    """The EBNF xgrammar builds for an XML argument ``node``, with the free whitespace around each
+    value replaced by what the format's parser strips (nothing, or one line break), and string
+    values kept from spelling the format's ``markup`` (the enclosing tags' ends as well)."""
+    import json
+
+    from xgrammar import Grammar
+    opening, closing, stripped, inner = _XML_VALUE_FRAMES[node["style"]]
+    ebnf = str(Grammar.from_structural_tag(StructuralTag.model_validate(
+        {"format": {**node, "json_schema": object_schema(node.get("json_schema"))}})))
+    opened = f"{opening} {stripped}" if stripped else opening
+    closed = f"{stripped} {closing}" if stripped else closing
+    ebnf = re.sub(re.escape(opening) + " " + _FREE_WHITESPACE, lambda _: opened, ebnf)
+    ebnf = re.sub(_FREE_WHITESPACE + " " + re.escape(closing), lambda _: closed, ebnf)
+    extra = ", ".join(json.dumps(piece) for piece in dict.fromkeys((*inner, *markup)))
+    return _STRING_EXCLUDES.sub(lambda match: f"excludes=({match.group(1)}, {extra})", ebnf)
 
 
 def _one_line_json(schema: Mapping[str, Any]) -> str:

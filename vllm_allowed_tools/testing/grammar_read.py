@@ -49,11 +49,14 @@ class ReadError(ValueError):
     """The string is not one the tag admits, as far as :func:`read_calls` can tell."""
 
 
-def read_calls(tag: Any, text: str, names: Sequence[str]) -> list[WrittenCall]:
-    """The calls ``text`` holds under ``tag`` (first full reading found), for functions ``names``."""
+def read_calls(tag: Any, text: str, names: Sequence[str] | Mapping[str, Any]) -> list[WrittenCall]:
+    """The calls ``text`` holds under ``tag`` (first full reading found), for functions ``names``
+    (a mapping gives each one's parameters schema: an argument ``grammar`` node carries none, and an
+    XML reading needs it to tell a JSON-typed value)."""
     root = tag_dict(tag)
     node = root.get("format", root)
-    for end, captures in _match(node, text, 0, tuple(names), False):
+    table = dict(names) if isinstance(names, Mapping) else dict.fromkeys(names)
+    for end, captures in _match(node, text, 0, table, None):
         if end == len(text):
             return [capture if isinstance(capture, WrittenCall) else
                     WrittenCall(None, text[capture[1]:capture[2]], capture[3], schema=capture[4])
@@ -62,6 +65,8 @@ def read_calls(tag: Any, text: str, names: Sequence[str]) -> list[WrittenCall]:
 
 
 _Captures = tuple[Any, ...]
+#: function name -> its parameters schema (None where unknown)
+_Names = Mapping[str, Any]
 
 
 def _ws_ends(text: str, pos: int) -> Iterator[int]:
@@ -77,7 +82,7 @@ def _name_in(begin: str, names: Sequence[str]) -> str | None:
     return max(present, key=len) if present else None
 
 
-def _match(node: Any, text: str, pos: int, names: tuple[str, ...], in_call: bool) -> Iterator[tuple[int, _Captures]]:
+def _match(node: Any, text: str, pos: int, names: _Names, in_call: str | None) -> Iterator[tuple[int, _Captures]]:
     kind = node.get("type")
     if kind == "const_string":
         if text.startswith(node["value"], pos):
@@ -112,15 +117,18 @@ def _match(node: Any, text: str, pos: int, names: tuple[str, ...], in_call: bool
             if pattern.fullmatch(text, pos, end):
                 yield end, ()
     elif kind in ("json_schema", "grammar"):
-        style = node.get("style", "json") if kind == "json_schema" else "json"
-        for end in _arguments(text, pos, style, node.get("json_schema")):
-            yield end, (("args", pos, end, style, node.get("json_schema")),)
+        if kind == "json_schema":
+            style, schema = node.get("style", "json"), node.get("json_schema")
+        else:
+            style, schema = grammar_style(node["grammar"]), names.get(in_call) if in_call else None
+        for end in _arguments(text, pos, style, schema):
+            yield end, (("args", pos, end, style, schema),)
     else:
         raise ReadError(f"read_calls does not know the {kind!r} format")
 
 
-def _sequence(elements: Sequence[Any], text: str, pos: int, names: tuple[str, ...],
-              in_call: bool) -> Iterator[tuple[int, _Captures]]:
+def _sequence(elements: Sequence[Any], text: str, pos: int, names: _Names,
+              in_call: str | None) -> Iterator[tuple[int, _Captures]]:
     if not elements:
         yield pos, ()
         return
@@ -129,7 +137,7 @@ def _sequence(elements: Sequence[Any], text: str, pos: int, names: tuple[str, ..
             yield end, first + rest
 
 
-def _star(content: Any, text: str, pos: int, names: tuple[str, ...], in_call: bool,
+def _star(content: Any, text: str, pos: int, names: _Names, in_call: str | None,
           at_least: int) -> Iterator[tuple[int, _Captures]]:
     for middle, first in _match(content, text, pos, names, in_call):
         if middle == pos:
@@ -140,14 +148,14 @@ def _star(content: Any, text: str, pos: int, names: tuple[str, ...], in_call: bo
         yield pos, ()
 
 
-def _tag(node: Any, text: str, pos: int, names: tuple[str, ...], in_call: bool) -> Iterator[tuple[int, _Captures]]:
+def _tag(node: Any, text: str, pos: int, names: _Names, in_call: str | None) -> Iterator[tuple[int, _Captures]]:
     begin = node["begin"]
     if not text.startswith(begin, pos):
         return
     start = pos + len(begin)
     name = None if in_call else _name_in(begin, names)
     ends = node["end"] if isinstance(node["end"], list) else [node["end"]]
-    for content_end, captures in _match(node["content"], text, start, names, in_call or name is not None):
+    for content_end, captures in _match(node["content"], text, start, names, in_call or name):
         for end in ends:
             if not text.startswith(end, content_end):
                 continue
@@ -171,7 +179,7 @@ def _repeats(node: Any) -> bool:
     return node.get("type") in ("star", "plus") or any(_repeats(value) for value in node.values())
 
 
-def _separated(node: Any, text: str, pos: int, names: tuple[str, ...], in_call: bool,
+def _separated(node: Any, text: str, pos: int, names: _Names, in_call: str | None,
                count: int = 0) -> Iterator[tuple[int, _Captures]]:
     if count and node.get("stop_after_first"):
         yield pos, ()
@@ -193,7 +201,7 @@ def _separated(node: Any, text: str, pos: int, names: tuple[str, ...], in_call: 
         yield pos, ()
 
 
-def _triggered(node: Any, text: str, pos: int, names: tuple[str, ...], in_call: bool,
+def _triggered(node: Any, text: str, pos: int, names: _Names, in_call: str | None,
                count: int = 0) -> Iterator[tuple[int, _Captures]]:
     if count and node.get("stop_after_first"):
         yield pos, ()
@@ -221,6 +229,16 @@ _XML_PARAMETER = {
     "minimax_xml": (re.compile(r'<parameter name="([A-Za-z_][A-Za-z0-9_]*)">'), "</parameter>"),
     "glm_xml": (re.compile(r"<arg_key>([A-Za-z_][A-Za-z0-9_]*)</arg_key>[ \n\r\t]*<arg_value>"), "</arg_value>"),
 }
+
+
+def grammar_style(ebnf: str) -> str:
+    """The argument style an EBNF ``grammar`` node writes (the allowed-subset builder turns XML
+    argument nodes into grammars): told by the parameter markup it spells."""
+    for style, literal in (("glm_xml", "<arg_value>"), ("minimax_xml", '<parameter name=\\"'),
+                           ("qwen_xml", "<parameter=")):
+        if literal in ebnf:
+            return style
+    return "json"
 
 
 def _arguments(text: str, pos: int, style: str, schema: Any = None) -> Iterator[int]:

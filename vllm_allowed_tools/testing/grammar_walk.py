@@ -28,7 +28,7 @@ from typing import Any
 
 import xgrammar
 
-from .grammar_read import WHITESPACE, tag_dict
+from .grammar_read import WHITESPACE, grammar_style, tag_dict
 
 #: the characters every walk vocabulary holds, one token each
 ASCII_TOKENS: tuple[str, ...] = tuple(chr(code) for code in range(0x20, 0x7F)) + ("\n", "\t", "\r")
@@ -68,7 +68,8 @@ def markup_strings(tag: Any) -> list[str]:
             return
         kind = node.get("type")
         if kind in ("json_schema", "grammar", "regex"):
-            for text in STYLE_MARKUP.get(node.get("style", ""), ()):
+            style = grammar_style(node["grammar"]) if kind == "grammar" else node.get("style", "")
+            for text in STYLE_MARKUP.get(style, ()):
                 add(text)
             return
         for key in _MARKUP_KEYS:
