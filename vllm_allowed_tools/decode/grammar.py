@@ -25,6 +25,7 @@ from xgrammar.structural_tag import (
 )
 
 from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
+from .json_string import ebnf_text
 from .stage import tag_digest
 
 Mode = Literal["auto", "required"]
@@ -265,7 +266,7 @@ def _xml_values_unframed(node: Mapping[str, Any], markup: Sequence[str]) -> str:
 
     from xgrammar import Grammar
     opening, closing, stripped, inner = _XML_VALUE_FRAMES[node["style"]]
-    ebnf = str(Grammar.from_structural_tag(StructuralTag.model_validate(
+    ebnf = ebnf_text(Grammar.from_structural_tag(StructuralTag.model_validate(
         {"format": {**node, "json_schema": object_schema(node.get("json_schema"))}})))
     opened = f"{opening} {stripped}" if stripped else opening
     closed = f"{stripped} {closing}" if stripped else closing
@@ -281,7 +282,7 @@ def _one_line_json(schema: Mapping[str, Any]) -> str:
     import json
 
     from xgrammar import Grammar
-    return str(Grammar.from_json_schema(json.dumps(schema, sort_keys=True), any_whitespace=False))
+    return ebnf_text(Grammar.from_json_schema(json.dumps(schema, sort_keys=True), any_whitespace=False))
 
 
 def built(tag: StructuralTag) -> BuiltTag:
