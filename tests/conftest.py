@@ -81,6 +81,25 @@ def vanilla_server():
     stop_cli_server(server)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Test groups for parallel workers (``--dist loadgroup``): a module's tests stay together, and
+    a module parametrized over server configurations (a module-scoped parametrized fixture: one
+    server per format, per stage) splits into one group per configuration. Each group runs whole
+    on one worker, so no module server is started twice."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        group = item.nodeid.split("::", 1)[0]
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None:
+            definitions = item._fixtureinfo.name2fixturedefs
+            shared = sorted(name for name in callspec.params
+                            if name in definitions and definitions[name][-1].scope in ("module", "session"))
+            if shared:
+                group += "[" + ",".join(f"{name}={callspec.params[name]!r}" for name in shared) + "]"
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
@@ -95,23 +114,36 @@ def pytest_runtest_makereport(item, call):
 
 def pytest_sessionstart(session):
     """Open Responses check mode for every server this session starts (``server_environment``
-    passes it on): each one validates every Responses object and event it sends into one file."""
+    passes it on): each one validates every Responses object and event it sends into one file.
+    Parallel workers (pytest-xdist) inherit the file from the controller and name their process in
+    ``<file>.test-pids``: what they write themselves (in-process fakes) is not a server's answer."""
     if not os.environ.get(CHECK_LOG_ENV):
         handle, path = tempfile.mkstemp(prefix="vat-conformance-", suffix=".jsonl")
         os.close(handle)
         os.environ[CHECK_LOG_ENV] = path
         session.config.stash[_CREATED] = path
+    with open(os.environ[CHECK_LOG_ENV] + ".test-pids", "a", encoding="utf-8") as pids:
+        pids.write(f"{os.getpid()}\n")
+
+
+def _test_pids() -> set[int]:
+    try:
+        with open(os.environ[CHECK_LOG_ENV] + ".test-pids", encoding="utf-8") as pids:
+            return {int(line) for line in pids if line.strip().isdigit()}
+    except OSError:
+        return {os.getpid()}
 
 
 def pytest_sessionfinish(session, exitstatus):
     for server in list(_RUNNING):
         stop_cli_server(server)
     # the servers' records only: an in-process middleware test answers with a fake app's bodies
-    counts, failures = read_check_log(os.environ[CHECK_LOG_ENV], exclude_pid=os.getpid())
+    counts, failures = read_check_log(os.environ[CHECK_LOG_ENV], exclude_pids=_test_pids() | {os.getpid()})
     session.config.stash[_CONFORMANCE] = (counts, failures)
     created = session.config.stash.get(_CREATED, None)
     if created and not counts:   # no server answered on /v1/responses: nothing to keep
         Path(created).unlink(missing_ok=True)
+        Path(created + ".test-pids").unlink(missing_ok=True)
     if failures and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

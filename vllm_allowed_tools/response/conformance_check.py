@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -82,16 +82,18 @@ class StreamCheck:
                 "(expected exactly one terminal event, last)"])
 
 
-def read_check_log(path: str | Path, *, exclude_pid: int | None = None
-                   ) -> tuple[dict[str, int], list[dict[str, Any]]]:
+def read_check_log(path: str | Path, *, exclude_pid: int | None = None,
+                   exclude_pids: Iterable[int] = ()) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """(how many of each kind were validated, the records with problems) of a check-mode file;
-    ``exclude_pid``: records a process wrote are left out (the test process's own fakes)."""
+    ``exclude_pid`` / ``exclude_pids``: records these processes wrote are left out (test
+    processes' own fakes: the test session and its parallel workers)."""
+    excluded = {*exclude_pids, *(() if exclude_pid is None else (exclude_pid,))}
     counts: dict[str, int] = {}
     failures: list[dict[str, Any]] = []
     file = Path(path)
     for line in file.read_text(encoding="utf-8").splitlines() if file.exists() else ():
         record = json.loads(line)
-        if record.get("pid") == exclude_pid:
+        if record.get("pid") in excluded:
             continue
         counts[record["kind"]] = counts.get(record["kind"], 0) + 1
         if record["problems"]:

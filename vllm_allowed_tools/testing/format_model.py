@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from ..formats import wire_format
-from .tiny_model import MARKER_FILE, building, default_cache_dir, ensure_model
+from .tiny_model import MARKER_FILE, building, cache_lock, default_cache_dir, ensure_model
 
 #: formats served by another architecture than the Qwen2 tiny model: gpt-oss's harmony path is
 #: chosen by the model type alone
@@ -52,12 +52,13 @@ def ensure_format_model(flavour: str, seed: int, tokens: tuple[str, ...], cache_
     digest = hashlib.sha256(json.dumps([base.name, json.loads((base / MARKER_FILE)
                                         .read_text()).get("recipe"), list(tokens)]).encode())
     out = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{base.name}-tokens-{digest.hexdigest()[:12]}"
-    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
-        return out
-    log(f"adding {len(tokens)} format tokens to a copy of {base} in {out}")
-    with building(out) as staging:
-        shutil.copytree(base, staging, dirs_exist_ok=True)
-        add_tokens(staging, tokens)
+    with cache_lock(out):
+        if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+            return out
+        log(f"adding {len(tokens)} format tokens to a copy of {base} in {out}")
+        with building(out) as staging:
+            shutil.copytree(base, staging, dirs_exist_ok=True)
+            add_tokens(staging, tokens)
     return out
 
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .tiny_model import MARKER_FILE, TinyModelError, building, default_cache_dir
+from .tiny_model import MARKER_FILE, TinyModelError, building, cache_lock, default_cache_dir
 
 BUILDER_VERSION = "1"   # bump when the recipe changes, so cached models are rebuilt
 VOCAB_SIZE = 201088     # gpt-oss's embedding rows: o200k_base (199998) + harmony's special tokens
@@ -188,12 +188,13 @@ def _marker(path: Path) -> dict[str, Any]:
 def ensure_gpt_oss_model(seed: int = 0, cache_dir: Path | None = None, log=print) -> Path:
     """The cached tiny gpt-oss model for ``seed``, built if missing or built by an older recipe."""
     path = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"gpt-oss-seed{seed}"
-    complete = all((path / name).is_file() for name in ("config.json", "tokenizer.json",
-                                                         "model.safetensors"))
-    if complete and _marker(path).get("recipe") == recipe_digest(seed):
-        return path
-    log(f"building the tiny gpt-oss model in {path}")
-    return build(path, seed=seed, log=log)
+    with cache_lock(path):
+        complete = all((path / name).is_file() for name in ("config.json", "tokenizer.json",
+                                                             "model.safetensors"))
+        if complete and _marker(path).get("recipe") == recipe_digest(seed):
+            return path
+        log(f"building the tiny gpt-oss model in {path}")
+        return build(path, seed=seed, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:

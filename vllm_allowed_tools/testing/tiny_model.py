@@ -256,6 +256,21 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
 # --------------------------------------------------------------------------- build / cache
 
 @contextlib.contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """Hold the build lock of the cached model ``path``: processes that need the same model
+    (parallel test workers, two servers started at once) build it once, never over a folder another
+    one serves from; the others wait, then find it built."""
+    import fcntl
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def building(out: Path) -> Iterator[Path]:
     """A staging folder next to ``out`` that becomes ``out`` when the block succeeds (replacing an
     old one), and is removed when it fails: a half-built model folder is never left behind."""
@@ -346,16 +361,17 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
     steps = TRAIN_STEPS if flavour in TRAINED_FLAVOURS else 0
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
     path = cache_dir / f"{flavour}-seed{seed}"
-    try:
-        marker = validate_model_dir(path)
-        if marker.get("recipe") == recipe_digest(flavour, seed, steps):
-            return path
-        log(f"rebuilding {path}: built by an older recipe")
-    except TinyModelError:
-        if path.exists():
-            log(f"rebuilding {path}: incomplete")
-    log(f"building the {flavour} tiny model in {path}")
-    return build(path, flavour=flavour, seed=seed, steps=steps, log=log)
+    with cache_lock(path):
+        try:
+            marker = validate_model_dir(path)
+            if marker.get("recipe") == recipe_digest(flavour, seed, steps):
+                return path
+            log(f"rebuilding {path}: built by an older recipe")
+        except TinyModelError:
+            if path.exists():
+                log(f"rebuilding {path}: incomplete")
+        log(f"building the {flavour} tiny model in {path}")
+        return build(path, flavour=flavour, seed=seed, steps=steps, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
