@@ -18,9 +18,9 @@ demo: $(STAMP)
 	$(VENV)/bin/vllm-allowed-tools demo
 
 # Two workers (pytest-xdist): each test group (a module, or one server configuration of a
-# parametrized module) runs whole on one worker, so no server starts twice for it; WORKERS=0 runs
-# serially.
+# parametrized module: tests/conftest.py) runs whole on one worker, so no server starts twice for
+# it; WORKERS=0 runs serially.
 WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadgroup) tests
+	$(PY) -m pytest -q -ra $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadscope) tests

@@ -9,6 +9,7 @@ log's tail is appended to the report of any failing test that used it.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -81,23 +82,71 @@ def vanilla_server():
     stop_cli_server(server)
 
 
+#: where the test groups of this run are written (by the first worker) for the controller
+_GROUPS_ENV = "VLLM_ALLOWED_TOOLS_TEST_GROUPS"
+_GROUPS_CREATED = pytest.StashKey[str]()
+
+
+def _group_of(item) -> str:
+    """A test's group: its module, and for a module parametrized over server configurations (a
+    module- or session-scoped parametrized fixture: one server per format, per stage) also that
+    configuration. A group runs whole on one worker, so no module server starts twice."""
+    group = item.nodeid.split("::", 1)[0]
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None:
+        definitions = item._fixtureinfo.name2fixturedefs
+        shared = sorted(name for name in callspec.params
+                        if name in definitions and definitions[name][-1].scope in ("module", "session"))
+        if shared:
+            group += "[" + ",".join(f"{name}={callspec.params[name]!r}" for name in shared) + "]"
+    return group
+
+
 def pytest_collection_modifyitems(config, items):
-    """Test groups for parallel workers (``--dist loadgroup``): a module's tests stay together, and
-    a module parametrized over server configurations (a module-scoped parametrized fixture: one
-    server per format, per stage) splits into one group per configuration. Each group runs whole
-    on one worker, so no module server is started twice."""
-    for item in items:
-        if item.get_closest_marker("xdist_group"):
-            continue
-        group = item.nodeid.split("::", 1)[0]
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None:
-            definitions = item._fixtureinfo.name2fixturedefs
-            shared = sorted(name for name in callspec.params
-                            if name in definitions and definitions[name][-1].scope in ("module", "session"))
-            if shared:
-                group += "[" + ",".join(f"{name}={callspec.params[name]!r}" for name in shared) + "]"
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Parallel runs (pytest-xdist): the first worker writes every test's group for the
+    controller's scheduler (:func:`pytest_xdist_make_scheduler`), which only sees test ids."""
+    workerinput = getattr(config, "workerinput", None)
+    path = os.environ.get(_GROUPS_ENV)
+    if workerinput is None or workerinput.get("workerid") != "gw0" or not path:
+        return
+    staging = f"{path}.{os.getpid()}"
+    with open(staging, "w", encoding="utf-8") as handle:
+        json.dump({item.nodeid: _group_of(item) for item in items}, handle)
+    os.replace(staging, path)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Whole test groups to each worker (xdist's own ``loadgroup`` reads marks that pytest 9.2's
+    node ids no longer carry)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ServerGroups(LoadScopeScheduling):
+        _groups: dict = {}
+
+        def _split_scope(self, nodeid: str) -> str:
+            if not self._groups:
+                try:
+                    with open(os.environ[_GROUPS_ENV], encoding="utf-8") as handle:
+                        type(self)._groups = json.load(handle)
+                except (KeyError, OSError, ValueError):
+                    pass
+            return self._groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+    return ServerGroups(config, log)
+
+
+def pytest_configure(config):
+    if getattr(config, "workerinput", None) is None and not os.environ.get(_GROUPS_ENV):
+        handle, path = tempfile.mkstemp(prefix="vat-test-groups-", suffix=".json")
+        os.close(handle)
+        os.environ[_GROUPS_ENV] = path
+        config.stash[_GROUPS_CREATED] = path
+
+
+def pytest_unconfigure(config):
+    created = config.stash.get(_GROUPS_CREATED, None)
+    if created:
+        Path(created).unlink(missing_ok=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
