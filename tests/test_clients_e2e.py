@@ -134,13 +134,15 @@ class Gateway:
         self._server.server_close()
 
 
-def run_codex(codex: Path, base_url: str, tmp_path: Path, prompt: str) -> subprocess.CompletedProcess:
-    """``codex exec`` against ``base_url`` with a fresh CODEX_HOME (nothing leaves the loopback)."""
+def run_codex(codex: Path, base_url: str, tmp_path: Path, prompt: str,
+              model: str = "tiny") -> subprocess.CompletedProcess:
+    """``codex exec`` against ``base_url`` with a fresh CODEX_HOME (nothing leaves the loopback).
+    ``model``: the name Codex is configured with (it picks its tool set by it)."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
     (home / "config.toml").write_text(f"""\
-model = "tiny"
+model = "{model}"
 model_provider = "local"
 approval_policy = "never"
 sandbox_mode = "read-only"
@@ -318,3 +320,53 @@ def test_codex_namespaced_call_round_trip(happy_server, codex_bin, tmp_path):
     calls = [item for item in response.json()["output"] if item["type"] == "function_call"]
     assert [(c.get("namespace"), c["name"]) for c in calls] == [(NAMESPACE, MEMBER)], calls
     assert json.loads(calls[0]["arguments"]) == {"target": PINNED_TARGET}
+
+
+#: a model name from Codex's own catalog: Codex then sends its full tool array, with the ``custom``
+#: tool ``apply_patch`` whose ``format`` is a Lark grammar
+CODEX_CATALOG_MODEL = "gpt-5.5"
+
+
+def served_as_tiny(index: int, body: dict[str, Any]) -> dict[str, Any]:
+    """The gateway serves Codex's ``gpt-5.5`` with the tiny model (what ``--served-model-name
+    gpt-5.5`` would do, without a server of its own)."""
+    body["model"] = "tiny"
+    return body
+
+
+def grammar_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [tool for tool in body.get("tools") or [] if tool.get("type") == "custom"
+            and (tool.get("format") or {}).get("type") == "grammar"]
+
+
+@pytest.mark.server
+def test_codex_own_catalog_is_served_with_the_plugin_and_refused_by_vanilla_vllm(
+        happy_server, vanilla_server, codex_bin, tmp_path):
+    """Codex configured with a model of its own catalog sends ``apply_patch`` as a ``custom`` tool
+    with a Lark grammar. Vanilla vLLM answers that request with a 400 and Codex cannot run a turn;
+    with the plugin every request is a 200, ``codex exec`` runs to completion, and the response
+    echoes the tool as Codex sent it."""
+    with Gateway(vanilla_server.root_url, rewrite=served_as_tiny) as gateway:
+        refused = run_codex(codex_bin, gateway.base_url, tmp_path / "vanilla", "list the files here",
+                            model=CODEX_CATALOG_MODEL)
+    assert refused.returncode != 0
+    assert gateway.exchanges and grammar_tools(gateway.exchanges[0].sent), \
+        "Codex should send apply_patch as a grammar custom tool for " + CODEX_CATALOG_MODEL
+    assert gateway.exchanges[0].status == 400
+    assert b"grammar" in gateway.exchanges[0].reply, gateway.exchanges[0].reply[:400]
+
+    offset = len(happy_server.log_text())
+    with Gateway(happy_server.root_url, rewrite=served_as_tiny) as gateway:
+        result = run_codex(codex_bin, gateway.base_url, tmp_path / "plugin", "list the files here",
+                           model=CODEX_CATALOG_MODEL)
+    assert result.returncode == 0, f"codex exit {result.returncode}:\n{result.stderr[-4000:]}"
+    statuses = [exchange.status for exchange in gateway.exchanges]
+    assert statuses and statuses == [200] * len(statuses), statuses
+    assert new_log_statuses(happy_server, offset) == statuses
+    sent = grammar_tools(gateway.exchanges[0].sent)
+    assert [tool["name"] for tool in sent] == ["apply_patch"]
+    for exchange in gateway.exchanges:
+        events = exchange.events()
+        assert events[-1]["type"] == "response.completed", [e["type"] for e in events]
+        echoed = [tool for tool in events[-1]["response"]["tools"] if tool.get("name") == "apply_patch"]
+        assert echoed == sent, echoed

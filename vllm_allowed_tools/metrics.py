@@ -12,7 +12,8 @@ The counters live on prometheus_client's default ``REGISTRY`` because that is wh
 * ``vllm_allowed_tools:backstops_total{reason}``: an answer the output guard refused for what a call
   (or its absence) was, not for its name: ``required_without_call`` (a turn that must call answered
   without a call), ``arguments_not_object`` (a call whose arguments are not one JSON object),
-  ``strict_arguments_invalid`` (a ``strict`` tool's arguments do not validate against its schema).
+  ``strict_arguments_invalid`` (a ``strict`` tool's arguments do not validate against its schema),
+  ``custom_input_invalid`` (a custom tool's input its ``format`` grammar does not admit).
   Each is also counted once in ``violations_total`` under the source that stopped it.
 * ``vllm_allowed_tools:fallbacks_total{kind}``: an explicitly enabled compatibility fallback (such
   as catalog filtering) was used; such requests do not have the full cache-friendly contract.
@@ -46,7 +47,7 @@ VIOLATION_SOURCES = frozenset({"parser", "unary_guard", "stream_guard", "unreada
 
 #: why the output guard's backstops refused an answer (``AllowedToolsViolation.reason``)
 BACKSTOP_REASONS = frozenset({"required_without_call", "arguments_not_object",
-                              "strict_arguments_invalid"})
+                              "strict_arguments_invalid", "custom_input_invalid"})
 
 # family -> (prometheus name, label name, help)
 METRIC_NAMES: dict[str, tuple[str, str, str]] = {

@@ -14,6 +14,7 @@ from typing import Any
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
+from .custom_tools import is_grammar_tool, read_custom_tools
 from .placement import TEMPLATE_KWARG, TEMPLATE_VARIABLE, canonical_tools
 from .typed_fields import normalise_fields
 
@@ -94,8 +95,9 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
     allowlist = resolve_allowlist(new, api)
     original = body.get("tool_choice")
     original_tools = None
+    custom = read_custom_tools(new.get("tools"), api)
     if isinstance(new.get("tools"), list):
-        tools = canonical_tools(new["tools"], api)
+        tools = canonical_tools(custom.served_tools or new["tools"], api)
         if json.dumps(tools) != json.dumps(new["tools"]):   # order matters here, keys included
             original_tools, new["tools"], changed = body.get("tools"), tools, True
     if allowlist is None or not allowlist.has_allowlist:
@@ -232,10 +234,11 @@ def _tool_key(tool: Any) -> Any:
 
 
 def _in_client_order(echoed: list[Any], client_tools: Any) -> list[Any]:
-    """``echoed`` reordered as ``client_tools`` (matched by type and name); as it is when the two
-    do not match one to one."""
+    """``echoed`` reordered as ``client_tools`` (matched by type and name), a grammar custom tool
+    as the client sent it; as it is when the two do not match one to one."""
     by_key = {_tool_key(tool): tool for tool in echoed}
     order = [_tool_key(tool) for tool in client_tools] if isinstance(client_tools, list) else []
     if len(by_key) != len(echoed) or sorted(map(str, order)) != sorted(map(str, by_key)):
         return echoed
-    return [by_key[key] for key in order]
+    # a grammar custom tool went to vLLM as a text tool: the client's own comes back
+    return [tool if is_grammar_tool(tool) else by_key[key] for key, tool in zip(order, client_tools)]

@@ -8,6 +8,7 @@ its parameters schema. The rules: ``docs/response-path.md`` ("Backstops").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..arguments import (
@@ -19,7 +20,7 @@ from ..arguments import (
     short,
 )
 from ..request import TurnAllowlist
-from .violations import ARGUMENTS_NOT_OBJECT, STRICT_ARGUMENTS_INVALID, ArgumentsRefusal
+from .violations import ARGUMENTS_NOT_OBJECT, CUSTOM_INPUT_INVALID, STRICT_ARGUMENTS_INVALID, ArgumentsRefusal
 
 __all__ = ["NAMES_ONLY", "OutputContract", "is_cut"]
 
@@ -52,21 +53,38 @@ class OutputContract:
     function tool is strict). The server always builds one with :meth:`for_turn`; a guard built
     without one judges names only (:data:`NAMES_ONLY`)."""
 
-    __slots__ = ("check_arguments", "requirement", "strict_all", "turn")
+    __slots__ = ("check_arguments", "custom_grammars", "requirement", "strict_all", "turn")
 
     def __init__(self, *, requirement: str | None = None, check_arguments: bool = True,
-                 turn: TurnAllowlist | None = None, strict_all: bool = False) -> None:
+                 turn: TurnAllowlist | None = None, strict_all: bool = False,
+                 custom_grammars: Mapping[str, Any] | None = None) -> None:
         self.requirement = requirement
         self.check_arguments = check_arguments
         self.turn = turn
         self.strict_all = strict_all
+        self.custom_grammars = custom_grammars or {}
 
     @classmethod
-    def for_turn(cls, turn: TurnAllowlist | None, *, strict_all: bool = False) -> OutputContract:
+    def for_turn(cls, turn: TurnAllowlist | None, *, strict_all: bool = False,
+                 custom_grammars: Mapping[str, Any] | None = None) -> OutputContract:
         """Every backstop for a resolved turn (its allowlist, or for a plain request the catalog
         :func:`~..request.resolve_callable_catalog` reads; None: no function catalog, so no call
-        is required and no tool is strict, but arguments are still checked)."""
-        return cls(requirement=_requirement(turn), turn=turn, strict_all=strict_all)
+        is required and no tool is strict, but arguments are still checked). ``custom_grammars``:
+        the request's grammar custom tools by name (:mod:`~..request.custom_tools`)."""
+        return cls(requirement=_requirement(turn), turn=turn, strict_all=strict_all,
+                   custom_grammars=custom_grammars)
+
+    def input_refusal(self, name: str | None, text: Any) -> ArgumentsRefusal | None:
+        """Why a custom call's (complete) ``input`` may not go out, None when it may: the tool
+        has a grammar (``format: {"type": "grammar"}``) that does not admit it."""
+        grammar = self.custom_grammars.get(name) if name is not None else None
+        if grammar is None:
+            return None
+        if isinstance(text, str) and grammar.admits(text):
+            return None
+        shown = short(text, 120) if isinstance(text, str) else type(text).__name__
+        return ArgumentsRefusal(CUSTOM_INPUT_INVALID,
+                                f"the {grammar.syntax} grammar does not admit {shown!r}")
 
     def requires_call(self) -> bool:
         """Whether an answer that is not cut by the token limit must hold at least one call."""

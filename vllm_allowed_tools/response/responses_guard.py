@@ -69,6 +69,7 @@ class ResponsesStreamGuard:
         self._named: dict[Any, str] = {}        # output_index -> name learnt while held
         self._namespaces: dict[Any, Any] = {}   # output_index -> namespace of the added item
         self._call_names: dict[Any, str | None] = {}   # output_index -> a function call's flat name
+        self._custom_names: dict[Any, str | None] = {}   # output_index -> a custom call's flat name
         self._items: dict[Any, Mapping[str, Any]] = {}  # output_index -> its added function call
         self._judged: dict[Any, Any] = {}       # output_index -> arguments judged complete and fine
         self._suspect: _Suspect | None = None
@@ -194,6 +195,11 @@ class ResponsesStreamGuard:
             if identity is not None and item.get("type") == "function_call":  # type: ignore[union-attr]
                 return self._arguments(event, identity[1] or self._call_names.get(index),
                                        item.get("arguments"))  # type: ignore[union-attr]
+            if identity is not None and item.get("type") == "custom_tool_call":  # type: ignore[union-attr]
+                return self._custom_input(event, identity[1] or self._custom_names.get(index),
+                                          item.get("input"))  # type: ignore[union-attr]
+        elif kind == "response.custom_tool_call_input.done":
+            return self._custom_input(event, self._custom_names.get(index), event.get("input"))
         elif kind in ("response.completed", "response.incomplete"):
             return self._terminal(event)
         return [event]
@@ -276,8 +282,22 @@ class ResponsesStreamGuard:
             if item.get("type") == "function_call":
                 self._call_names[index] = name or self._named.get(index)
                 self._items[index] = item
+            elif item.get("type") == "custom_tool_call":
+                self._custom_names[index] = name
         self._namespaces[index] = item.get("namespace")
         return [event]
+
+    def _custom_input(self, event: dict[str, Any], name: str | None, text: Any) -> list[dict[str, Any]]:
+        """A custom call's complete input, judged before the event that completes the call: its
+        grammar must admit it (the tool's ``format``; free-form tools take any text)."""
+        index = event.get("output_index")
+        if index in self._judged and self._judged[index] == text:
+            return [event]
+        refused = self.contract.input_refusal(name, text)
+        if refused is None:
+            self._judged[index] = text
+            return [event]
+        return self._fail_with(arguments_violation(refused, name, self.source, public_name=False))
 
     def _fail(self, name: str | None, kind: str) -> list[dict[str, Any]]:
         return self._fail_with(refusal(self.call_filter, name, kind, self.source,

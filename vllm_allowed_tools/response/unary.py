@@ -62,11 +62,13 @@ def responses_violation(body: Any, call_filter: Any, source: str, *, public_name
             return refusal(call_filter, identity[1], identity[0], source, public_name=public_name)
     cut = cut_call(body, contract)
     for item in items:
+        refused = None
         if item.get("type") == "function_call" and item is not cut:
             refused = contract.arguments_refusal(_item_name(item), item.get("arguments"))
-            if refused is not None:
-                return arguments_violation(refused, _item_name(item), source,
-                                           public_name=public_name)
+        elif item.get("type") == "custom_tool_call" and not is_cut(body):
+            refused = contract.input_refusal(_item_name(item), item.get("input"))
+        if refused is not None:
+            return arguments_violation(refused, _item_name(item), source, public_name=public_name)
     if contract.requires_call() and not called and not is_cut(body) \
             and all(identity is None for _, identity in identities):
         return required_violation(contract.requirement or "", source)

@@ -20,6 +20,7 @@ ON_RETRY = ("Sending the request again generates a new answer; with the same `se
 REQUIRED_WITHOUT_CALL = "required_without_call"
 ARGUMENTS_NOT_OBJECT = "arguments_not_object"
 STRICT_ARGUMENTS_INVALID = "strict_arguments_invalid"
+CUSTOM_INPUT_INVALID = "custom_input_invalid"
 
 STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed tools. The call was "
                   f"withheld and the response stopped (allowed_tools_violation). {ON_RETRY}")
@@ -146,6 +147,15 @@ def arguments_violation(refused: ArgumentsRefusal, name: str | None, source: str
     """The violation for a call whose arguments are refused; ``public_name`` as in :func:`refusal`
     (a streamed message names neither the tool nor any argument value)."""
     shown = f"function tool {name!r}" if public_name else "a function tool"
+    if refused.reason == CUSTOM_INPUT_INVALID:
+        shown = f"custom tool {name!r}" if public_name else "a custom tool"
+        what = (f"The model produced a call to {shown} whose input its grammar does not admit"
+                + (f" ({refused.detail})" if public_name and refused.detail else ""))
+        after = "Custom tool inputs are checked against the tool's `format` grammar."
+        message = (f"{what}. The answer was withheld (allowed_tools_violation, {refused.reason}). "
+                   f"{ON_RETRY} {after}")
+        return AllowedToolsViolation(message, name=name, source=source, kind="custom",
+                                     reason=refused.reason)
     if refused.reason == STRICT_ARGUMENTS_INVALID:
         where = refused.detail if public_name else ", ".join(refused.paths) or "its arguments"
         what = (f"The model produced a call to {shown} with `strict: true` whose arguments do not "

@@ -22,6 +22,7 @@ from ..approvals.errors import GrantStoreUnavailable
 from ..errors import AllowedToolsError, CapabilityError
 from ..metrics import record_fallback
 from ..request import resolve_callable_catalog
+from ..request.custom_tools import read_custom_tools
 from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
 from ..request.rewrite import (
     Api,
@@ -323,14 +324,16 @@ def _output_filter(rewritten: Any, body: dict, api: Api) -> Any:
 def _output_contract(rewritten: Any, body: dict, api: Api, *, strict_all: bool) -> OutputContract:
     """The guard's backstops for this turn: a call required (``required``, a named choice,
     ``allowed_tools`` in ``required`` mode), arguments always one JSON object, strict tools' (every
-    tool's under ``--tool-strict-level parameter``) valid against their schema."""
+    tool's under ``--tool-strict-level parameter``) valid against their schema, a grammar custom
+    tool's input admitted by its grammar."""
     turn = rewritten.allowlist
     if turn is None and body.get("tools"):   # a choice left to vLLM: the catalog, in auto mode
         try:
             turn = resolve_callable_catalog(body, api)
         except AllowedToolsError:
             turn = None
-    return OutputContract.for_turn(turn, strict_all=strict_all)
+    grammars = read_custom_tools(body.get("tools"), api).grammars   # compiled when rewritten
+    return OutputContract.for_turn(turn, strict_all=strict_all, custom_grammars=grammars)
 
 
 def _route(router: Any, scope: Scope) -> RouteDecision:

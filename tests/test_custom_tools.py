@@ -1,0 +1,165 @@
+"""Responses ``custom`` tools with a grammar (Codex's ``apply_patch``): read, compiled, served as
+text tools to vLLM, echoed as the client sent them, and their calls' input checked by the grammar
+(unary and streamed).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from vllm_allowed_tools.errors import AllowedToolsError
+from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
+from vllm_allowed_tools.request.rewrite import echo_of, restore_echo, rewrite_request
+from vllm_allowed_tools.response import ResponsesStreamGuard
+from vllm_allowed_tools.response.calls import AllowedNames
+from vllm_allowed_tools.response.unary import check_responses_object
+from vllm_allowed_tools.response.violations import AllowedToolsViolation
+from vllm_allowed_tools.vllm_glue.middleware import _output_contract
+
+PATCH_GRAMMAR = '''start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+hunk: "*** Add File: " filename LF add_line+
+filename: /(.+)/
+add_line: "+" /(.*)/ LF -> line
+%import common.LF
+'''
+PATCH = "*** Begin Patch\n*** Add File: hello.txt\n+hi \"there\"\n*** End Patch\n"
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+               "format": {"type": "grammar", "syntax": "lark", "definition": PATCH_GRAMMAR}}
+DIGITS = {"type": "custom", "name": "pin", "format": {"type": "grammar", "syntax": "regex",
+                                                       "definition": r"[0-9]{4}"}}
+FREE = {"type": "custom", "name": "note", "description": "Free text."}
+EXEC = {"type": "function", "name": "exec_command", "parameters": {"type": "object"}}
+
+
+def body(*tools, **extra):
+    return {"model": "m", "input": "hi", "tools": list(tools), **extra}
+
+
+def test_grammar_tools_reach_vllm_as_text_tools_that_show_the_grammar():
+    rewritten = rewrite_request(body(EXEC, APPLY_PATCH, FREE), "responses")
+    served = {tool["name"]: tool for tool in rewritten.body["tools"]}
+    assert served["apply_patch"]["format"] == {"type": "text"}
+    assert PATCH_GRAMMAR in served["apply_patch"]["description"]
+    assert served["apply_patch"]["description"].startswith("Edit files.")
+    assert served["note"] == FREE and served["exec_command"] == EXEC
+
+
+def test_the_echo_gives_the_client_its_own_grammar_tool_back():
+    rewritten = rewrite_request(body(EXEC, APPLY_PATCH), "responses")
+    echoed = {"object": "response", "tools": [dict(EXEC, strict=None), dict(
+        rewritten.body["tools"][0] if rewritten.body["tools"][0]["type"] == "custom" else rewritten.body["tools"][1])]}
+    restored = restore_echo(echoed, echo_of(rewritten, "responses"))
+    assert restored["tools"][1] == APPLY_PATCH and restored["tools"][0]["name"] == "exec_command"
+
+
+@pytest.mark.parametrize("tool,param,words", [
+    ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "regex",
+                                                "definition": "(?=a)b"}}, "tools[1].format.definition", "Lookahead"),
+    ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark",
+                                                "definition": "start: ("}}, "tools[1].format.definition", "does not compile"),
+    ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "ebnf",
+                                                "definition": "x"}}, "tools[1].format.syntax", "lark"),
+    ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark",
+                                                "definition": 7}}, "tools[1].format.definition", "string"),
+    ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark",
+                                                "definition": "  "}}, "tools[1].format.definition", "non-empty"),
+    ({"type": "custom", "name": "p", "format": {"type": "json"}}, "tools[1].format.type", "grammar"),
+    ({"type": "custom", "name": "p", "format": ["grammar"]}, "tools[1].format", "object"),
+    ({"type": "custom", "name": 3, "format": {"type": "text"}}, "tools[1].name", "name"),
+])
+def test_a_grammar_this_server_cannot_take_is_a_400_naming_the_field(tool, param, words):
+    with pytest.raises(AllowedToolsError) as caught:
+        rewrite_request(body(EXEC, tool), "responses")
+    error = caught.value
+    assert error.status == 400 and error.param == param and error.code == CODE_INVALID_CUSTOM_TOOL
+    assert words in error.message
+
+
+def test_two_grammar_tools_of_one_name_are_refused():
+    with pytest.raises(AllowedToolsError) as caught:
+        read_custom_tools([APPLY_PATCH, dict(APPLY_PATCH)], "responses")
+    assert caught.value.param == "tools[1].name"
+
+
+def test_a_grammar_is_compiled_once_per_digest():
+    first = read_custom_tools([APPLY_PATCH], "responses").grammar_for("apply_patch")
+    again = read_custom_tools([copy.deepcopy(APPLY_PATCH)], "responses").grammar_for("apply_patch")
+    assert first.digest == again.digest and first.ebnf is again.ebnf
+    assert first.admits(PATCH) and not first.admits(PATCH.replace("+hi", "hi"))
+
+
+# ------------------------------------------------------------------------------------ the guard
+
+def _contract(request):
+    rewritten = rewrite_request(request, "responses")
+    return _output_contract(rewritten, rewritten.request, "responses", strict_all=False)
+
+
+def _response(*items):
+    return {"object": "response", "status": "completed", "output": list(items)}
+
+
+def _custom_call(name, text):
+    return {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": name,
+            "input": text, "status": "completed"}
+
+
+@pytest.mark.parametrize("name,good,bad", [("apply_patch", PATCH, PATCH.replace("*** End Patch\n", "")),
+                                           ("pin", "1234", "12a4")])
+def test_unary_a_custom_input_its_grammar_does_not_admit_is_refused(name, good, bad):
+    request = body(EXEC, APPLY_PATCH, DIGITS, FREE)
+    contract, names = _contract(request), AllowedNames.from_request(request, "responses")
+    check_responses_object(_response(_custom_call(name, good)), names, contract=contract)
+    with pytest.raises(AllowedToolsViolation) as caught:
+        check_responses_object(_response(_custom_call(name, bad)), names, contract=contract)
+    assert caught.value.reason == "custom_input_invalid" and caught.value.kind == "custom"
+    assert name in caught.value.message
+
+
+def test_a_free_form_custom_tool_takes_any_input():
+    request = body(EXEC, FREE)
+    check_responses_object(_response(_custom_call("note", "anything at all")),
+                           AllowedNames.from_request(request, "responses"), contract=_contract(request))
+
+
+def _stream(text):
+    item = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "pin", "input": ""}
+    done = dict(item, input=text, status="completed")
+    response = {"object": "response", "id": "resp_1", "status": "in_progress", "output": []}
+    events = [{"type": "response.created", "response": response},
+              {"type": "response.output_item.added", "output_index": 0, "item": item},
+              {"type": "response.custom_tool_call_input.delta", "output_index": 0, "item_id": "ctc_1",
+               "delta": text},
+              {"type": "response.custom_tool_call_input.done", "output_index": 0, "item_id": "ctc_1",
+               "input": text},
+              {"type": "response.output_item.done", "output_index": 0, "item": done},
+              {"type": "response.completed", "response": dict(response, status="completed", output=[done])}]
+    for number, event in enumerate(events):
+        event["sequence_number"] = number
+    return events
+
+
+def _run(guard, events):
+    out = []
+    for event in events:
+        out += guard.feed(event)
+        if guard.terminal:
+            break
+    return out + guard.finish()
+
+
+def test_streamed_a_custom_input_its_grammar_does_not_admit_fails_before_the_call_completes():
+    request = body(EXEC, DIGITS)
+    names, contract = AllowedNames.from_request(request, "responses"), _contract(request)
+    fine = _run(ResponsesStreamGuard(names, contract=contract), _stream("2024"))
+    assert [e["type"] for e in fine][-1] == "response.completed"
+    guard = ResponsesStreamGuard(names, contract=contract)
+    out = _run(guard, _stream("20x4"))
+    kinds = [e["type"] for e in out]
+    assert kinds[-1] == "response.failed" and "response.custom_tool_call_input.done" not in kinds
+    assert guard.violation.reason == "custom_input_invalid"
+    assert "custom_input_invalid" in out[-1]["response"]["error"]["message"]
