@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup lint
+.PHONY: demo test test-fast setup lint
 
 setup: $(STAMP)
 
@@ -23,4 +23,8 @@ demo: $(STAMP)
 WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -ra $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadscope) tests
+	$(PY) -m pytest -q -ra --durations=25 $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadscope) tests
+
+# The tests that start no server (unit, property, in-process middleware): a few minutes.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -ra -m "not server" $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadscope) tests

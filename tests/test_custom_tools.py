@@ -68,6 +68,8 @@ def test_the_echo_gives_the_client_its_own_grammar_tool_back():
     ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "lark",
                                                 "definition": "  "}}, "tools[1].format.definition", "non-empty"),
     ({"type": "custom", "name": "p", "format": {"type": "json"}}, "tools[1].format.type", "grammar"),
+    ({"type": "custom", "name": "p", "format": {"type": "grammar", "syntax": "regex",
+                                                "definition": "a" * 100_001}}, "tools[1].format.definition", "up to"),
     ({"type": "custom", "name": "p", "format": ["grammar"]}, "tools[1].format", "object"),
     ({"type": "custom", "name": 3, "format": {"type": "text"}}, "tools[1].name", "name"),
 ])

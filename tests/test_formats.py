@@ -3,6 +3,7 @@ vLLM (or xgrammar) builds for the same allowed subset, so a vLLM upgrade cannot 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -386,9 +387,10 @@ def test_an_xml_value_is_written_as_its_parser_reads_it(name, read, framed, plai
               "required": ["unit"], "additionalProperties": False}
     strings = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
                "additionalProperties": False}
-    for parameters, good, bad in ((schema, read, framed), (strings, plain, markup)):
+    for (parameters, good, bad), bound in itertools.product(((schema, read, framed), (strings, plain, markup)),
+                                                            (None, 1, 4)):   # the servers run with 1
         tag = build_structural_tag(name, [AllowedFunction("t", parameters, strict=True)], "required",
-                                   parallel_tool_calls=False)
+                                   parallel_tool_calls=False, max_whitespace=bound)
         slots = [node["grammar"] for node in _nodes(tag.model_dump()) if node.get("type") == "grammar"]
         assert len(slots) == 1, name
         grammar = xgrammar.Grammar.from_ebnf(slots[0])

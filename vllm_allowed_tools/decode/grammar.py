@@ -254,6 +254,7 @@ _XML_VALUE_FRAMES: Mapping[str, tuple[str, str, str, tuple[str, ...]]] = {
     "minimax_xml": ('"\\">"', '"</parameter>"', "", ("<parameter name=", "</invoke>")),
     "glm_xml": ('"<arg_value>"', '"</arg_value>"', "", ("<arg_key>", "</arg_key>", "<arg_value>")),
 }
+_WHITESPACE_RUN = "[ \\n\\r\\t]*"
 _FREE_WHITESPACE = r'(?:\[ \\n\\r\\t\]\*|whitespace_\d+\{0, ?\d+\})'
 _STRING_EXCLUDES = re.compile(r'excludes=\(("(?:[^"\\]|\\.)*"(?:, *"(?:[^"\\]|\\.)*")*)\)')
 
@@ -266,12 +267,16 @@ def _xml_values_unframed(node: Mapping[str, Any], markup: Sequence[str]) -> str:
 
     from xgrammar import Grammar
     opening, closing, stripped, inner = _XML_VALUE_FRAMES[node["style"]]
-    ebnf = ebnf_text(Grammar.from_structural_tag(StructuralTag.model_validate(
-        {"format": {**node, "json_schema": object_schema(node.get("json_schema"))}})))
+    # built unbounded (a bounded run is printed in shapes too varied to find), bounded below
+    bound = node.get("max_whitespace_cnt")
+    ebnf = ebnf_text(Grammar.from_structural_tag(StructuralTag.model_validate({"format": {
+        **node, "json_schema": object_schema(node.get("json_schema")), "max_whitespace_cnt": None}})))
     opened = f"{opening} {stripped}" if stripped else opening
     closed = f"{stripped} {closing}" if stripped else closing
     ebnf = re.sub(re.escape(opening) + " " + _FREE_WHITESPACE, lambda _: opened, ebnf)
     ebnf = re.sub(_FREE_WHITESPACE + " " + re.escape(closing), lambda _: closed, ebnf)
+    if bound is not None:
+        ebnf = ebnf.replace(_WHITESPACE_RUN, f"[ \\n\\r\\t]{{0, {int(bound)}}}")
     extra = ", ".join(json.dumps(piece) for piece in dict.fromkeys((*inner, *markup)))
     return _STRING_EXCLUDES.sub(lambda match: f"excludes=({match.group(1)}, {extra})", ebnf)
 

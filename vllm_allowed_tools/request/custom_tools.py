@@ -27,6 +27,8 @@ __all__ = ["CODE_INVALID_CUSTOM_TOOL", "CustomGrammar", "CustomTools", "is_gramm
 #: the 400 ``code`` of a custom tool this server cannot take as sent
 CODE_INVALID_CUSTOM_TOOL = "invalid_custom_tool"
 SYNTAXES = ("lark", "regex")
+#: the longest grammar definition read (Codex's apply_patch is ~2 KB; compiling is linear or worse)
+MAX_DEFINITION_CHARS = 100_000
 #: compiled grammars kept (catalogs repeat every turn; bounded: definitions are client input)
 CACHE_ENTRIES = 256
 
@@ -115,6 +117,9 @@ def _read_one(tool: Mapping[str, Any], param: str) -> CustomGrammar | None:
     if not isinstance(definition, str) or not definition.strip():
         raise _error("`format.definition` is the grammar's text: a non-empty string",
                      f"{param}.format.definition")
+    if len(definition) > MAX_DEFINITION_CHARS:
+        raise _error(f"`format.definition` is {len(definition)} characters; this server reads grammars "
+                     f"of up to {MAX_DEFINITION_CHARS}", f"{param}.format.definition")
     return compile_custom_grammar(name, syntax, definition, f"{param}.format.definition")
 
 
