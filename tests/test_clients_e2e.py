@@ -139,8 +139,8 @@ def run_codex(codex: Path, base_url: str, tmp_path: Path, prompt: str,
     """``codex exec`` against ``base_url`` with a fresh CODEX_HOME (nothing leaves the loopback).
     ``model``: the name Codex is configured with (it picks its tool set by it)."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
+    home.mkdir(parents=True)
+    work.mkdir(parents=True)
     (home / "config.toml").write_text(f"""\
 model = "{model}"
 model_provider = "local"
@@ -192,6 +192,27 @@ def check_codex_request_shape(body: dict[str, Any]) -> None:
     assert "client_metadata" in body and body.get("prompt_cache_key")
 
 
+def end_token_bias(flavour: str = "tool-happy") -> dict[str, float]:
+    """``logit_bias`` that makes the tiny model end its answer with its first token."""
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    config = json.loads((ensure_model(flavour, log=lambda *_: None) / "config.json").read_text())
+    return {str(config["eos_token_id"]): 100.0}
+
+
+def ends_after_the_first(flavour: str) -> Callable[[int, dict[str, Any]], dict[str, Any]]:
+    """The gateway's rewrite for a whole ``codex exec`` run: the first request goes as Codex sent
+    it; every later one (after the tool results) is answered at once (the end token forced), so the
+    run's length never depends on what a tiny model writes (a trained one calls Codex's goal tools
+    with arguments missing required fields, Codex answers with errors, and the loop went on)."""
+    bias = end_token_bias(flavour)
+
+    def rewrite(index: int, body: dict[str, Any]) -> dict[str, Any]:
+        if index > 0:
+            body["logit_bias"] = bias
+        return body
+    return rewrite
+
+
 # --------------------------------------------------------------------------------------- tests
 
 
@@ -205,7 +226,7 @@ def test_codex_exec_runs_to_completion(request, server_name, codex_bin, tmp_path
     server = request.getfixturevalue(server_name)
     offset = len(server.log_text())
     started = time.monotonic()
-    with Gateway(server.root_url) as gateway:
+    with Gateway(server.root_url, rewrite=ends_after_the_first(server.flavour)) as gateway:
         result = run_codex(codex_bin, gateway.base_url, tmp_path, "list the files here")
     elapsed = time.monotonic() - started
     assert result.returncode == 0, f"codex exit {result.returncode}:\n{result.stderr[-4000:]}"
@@ -267,9 +288,11 @@ def narrow_to_namespace_member(index: int, body: dict[str, Any]) -> dict[str, An
                         member["parameters"] = {
                             "type": "object", "additionalProperties": False, "required": ["target"],
                             "properties": {"target": {"type": "string", "enum": [PINNED_TARGET]}}}
-    else:
+    else:   # the run ends: the answer ends at its first token (16 tokens of the model's text were
+        # sometimes cut by the limit: an incomplete answer, which Codex reports as an error)
         body["tool_choice"] = "none"
         body["max_output_tokens"] = 16
+        body["logit_bias"] = end_token_bias()
     return body
 
 
@@ -356,7 +379,8 @@ def test_codex_own_catalog_is_served_with_the_plugin_and_refused_by_vanilla_vllm
     assert b"grammar" in gateway.exchanges[0].reply, gateway.exchanges[0].reply[:400]
 
     offset = len(happy_server.log_text())
-    with Gateway(happy_server.root_url, rewrite=served_as_tiny) as gateway:
+    ends = ends_after_the_first("tool-happy")
+    with Gateway(happy_server.root_url, rewrite=lambda i, body: ends(i, served_as_tiny(i, body))) as gateway:
         result = run_codex(codex_bin, gateway.base_url, tmp_path / "plugin", "list the files here",
                            model=CODEX_CATALOG_MODEL)
     assert result.returncode == 0, f"codex exit {result.returncode}:\n{result.stderr[-4000:]}"
