@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from test_guard_backstops import run_guard
 
 from vllm_allowed_tools.errors import AllowedToolsError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
@@ -145,22 +146,13 @@ def _stream(text):
     return events
 
 
-def _run(guard, events):
-    out = []
-    for event in events:
-        out += guard.feed(event)
-        if guard.terminal:
-            break
-    return out + guard.finish()
-
-
 def test_streamed_a_custom_input_its_grammar_does_not_admit_fails_before_the_call_completes():
     request = body(EXEC, DIGITS)
     names, contract = AllowedNames.from_request(request, "responses"), _contract(request)
-    fine = _run(ResponsesStreamGuard(names, contract=contract), _stream("2024"))
+    fine = run_guard(ResponsesStreamGuard(names, contract=contract), _stream("2024"))
     assert [e["type"] for e in fine][-1] == "response.completed"
     guard = ResponsesStreamGuard(names, contract=contract)
-    out = _run(guard, _stream("20x4"))
+    out = run_guard(guard, _stream("20x4"))
     kinds = [e["type"] for e in out]
     assert kinds[-1] == "response.failed" and "response.custom_tool_call_input.done" not in kinds
     assert guard.violation.reason == "custom_input_invalid"
