@@ -121,6 +121,17 @@ def test_unary_a_custom_input_its_grammar_does_not_admit_is_refused(name, good, 
         check_responses_object(_response(_custom_call(name, bad)), names, contract=contract)
     assert caught.value.reason == "custom_input_invalid" and caught.value.kind == "custom"
     assert name in caught.value.message
+    assert counted_reason("custom_input_invalid", lambda: check_responses_object(
+        _response(_custom_call(name, bad)), names, contract=contract)) == 1
+
+
+def counted_reason(reason, refused) -> int:
+    """How many more backstop refusals ``reason`` counts after ``refused()`` raised once."""
+    from vllm_allowed_tools import metrics
+    before = dict(metrics.snapshot()["backstops"]).get(reason, 0)
+    with pytest.raises(AllowedToolsViolation):
+        refused()
+    return dict(metrics.snapshot()["backstops"]).get(reason, 0) - before
 
 
 def test_a_free_form_custom_tool_takes_any_input():

@@ -52,7 +52,8 @@ from vllm_allowed_tools.vllm_glue.middleware import _output_contract, strict_lev
 
 NAMES = [tool.name for tool in POOL[:8]]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-REASONS = ("required_without_call", "arguments_not_object", "strict_arguments_invalid")
+REASONS = ("required_without_call", "arguments_not_object", "strict_arguments_invalid",
+           "custom_input_invalid")   # the last: tests/test_custom_tools.py
 BAD_ARGUMENTS = ["unit{", "[1]", "{", '"text"', "", "null", '{"a": 1, "a": 2}']
 WEATHER = POOL_BY_NAME["search_weather"]          # {"priority": low|high, "unit": c|f}, both required
 GOOD = '{"priority": "high", "unit": "c"}'
