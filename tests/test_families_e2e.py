@@ -121,16 +121,13 @@ def chat_answer(client, request: dict, stream: bool) -> list[tuple[str, str]]:
 
 
 def arguments_fit(name: str, arguments: str) -> bool:
-    """The arguments are an object the tool's schema accepts (XML-style formats may frame a fixed
-    value with whitespace the parser keeps: a known limit of vLLM's XML parsers, judged stripped)."""
+    """The arguments are an object the tool's schema accepts, exactly as the parser read them (an
+    XML format's grammar writes each value as its parser reads it: no framing whitespace)."""
     try:
         parsed = json.loads(arguments)
     except ValueError:
         return False
-    if not isinstance(parsed, dict):
-        return False
-    stripped = {key: value.strip() if isinstance(value, str) else value for key, value in parsed.items()}
-    return POOL_BY_NAME[name].arguments_valid(parsed) or POOL_BY_NAME[name].arguments_valid(stripped)
+    return isinstance(parsed, dict) and POOL_BY_NAME[name].arguments_valid(parsed)
 
 
 def one_allowed_call(calls, subset, context) -> None:
