@@ -206,11 +206,14 @@ class ResponsesStreamGuard:
 
     # -- arguments, judged before the event that completes the call
 
-    def _arguments(self, event: dict[str, Any], name: str | None, arguments: Any) -> list[dict[str, Any]]:
+    def _arguments(self, event: dict[str, Any], name: str | None, arguments: Any,
+                   refusal: Any = None) -> list[dict[str, Any]]:
+        """A call's complete arguments (a function call's) or input (a custom call's, judged by
+        ``refusal``: :meth:`OutputContract.input_refusal`), each judged once per output item."""
         index = event.get("output_index")
         if index in self._judged and self._judged[index] == arguments:
             return [event]
-        refused = self.contract.arguments_refusal(name, arguments)
+        refused = (refusal or self.contract.arguments_refusal)(name, arguments)
         if refused is None:
             self._judged[index] = arguments
             return [event]
@@ -290,14 +293,7 @@ class ResponsesStreamGuard:
     def _custom_input(self, event: dict[str, Any], name: str | None, text: Any) -> list[dict[str, Any]]:
         """A custom call's complete input, judged before the event that completes the call: its
         grammar must admit it (the tool's ``format``; free-form tools take any text)."""
-        index = event.get("output_index")
-        if index in self._judged and self._judged[index] == text:
-            return [event]
-        refused = self.contract.input_refusal(name, text)
-        if refused is None:
-            self._judged[index] = text
-            return [event]
-        return self._fail_with(arguments_violation(refused, name, self.source, public_name=False))
+        return self._arguments(event, name, text, self.contract.input_refusal)
 
     def _fail(self, name: str | None, kind: str) -> list[dict[str, Any]]:
         return self._fail_with(refusal(self.call_filter, name, kind, self.source,
