@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
-from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server import SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny
 
 _RUNNING: list[ServeTinyProcess] = []
 _CONFORMANCE = pytest.StashKey[tuple]()
@@ -85,6 +85,7 @@ def vanilla_server():
 #: where the test groups of this run are written (by the first worker) for the controller
 _GROUPS_ENV = "VLLM_ALLOWED_TOOLS_TEST_GROUPS"
 _GROUPS_CREATED = pytest.StashKey[str]()
+_LEDGER_CREATED = pytest.StashKey[str]()
 
 
 def _group_of(item) -> str:
@@ -136,6 +137,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 def pytest_configure(config):
+    if getattr(config, "workerinput", None) is None and not os.environ.get(SERVER_LEDGER_ENV):
+        handle, path = tempfile.mkstemp(prefix="vat-server-starts-", suffix=".jsonl")
+        os.close(handle)
+        os.environ[SERVER_LEDGER_ENV] = path
+        config.stash[_LEDGER_CREATED] = path
     if getattr(config, "workerinput", None) is None and not os.environ.get(_GROUPS_ENV):
         handle, path = tempfile.mkstemp(prefix="vat-test-groups-", suffix=".json")
         os.close(handle)
@@ -144,9 +150,10 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    created = config.stash.get(_GROUPS_CREATED, None)
-    if created:
-        Path(created).unlink(missing_ok=True)
+    for key in (_GROUPS_CREATED, _LEDGER_CREATED):
+        created = config.stash.get(key, None)
+        if created:
+            Path(created).unlink(missing_ok=True)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -197,8 +204,28 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _server_starts_summary(terminalreporter) -> None:
+    """What the run's vLLM starts cost, by the file that started them: the suite's main cost."""
+    try:
+        with open(os.environ[SERVER_LEDGER_ENV], encoding="utf-8") as handle:
+            starts = [json.loads(line) for line in handle if line.strip()]
+    except (KeyError, OSError, ValueError):
+        return
+    if not starts:
+        return
+    by_file: dict[str, list[float]] = {}
+    for start in starts:
+        by_file.setdefault(start["test"].split("::", 1)[0] or "(no test)", []).append(start["seconds"])
+    total = sum(sum(seconds) for seconds in by_file.values())
+    terminalreporter.write_line(f"vLLM server starts: {len(starts)}, {total:.0f} s until healthy in all")
+    for name, seconds in sorted(by_file.items(), key=lambda item: -sum(item[1])):
+        terminalreporter.write_line(f"  {len(seconds):3d} starts {sum(seconds):6.0f} s  {name}")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """Every Responses answer the servers sent was validated: the count, and each failure."""
+    if getattr(config, "workerinput", None) is None:
+        _server_starts_summary(terminalreporter)
     counts, failures = config.stash.get(_CONFORMANCE, ({}, []))
     if not counts:
         return

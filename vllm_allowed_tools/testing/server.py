@@ -242,12 +242,32 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                env=environment, preexec_fn=_die_with_parent)
     server = TinyServer(process=process, host=host, port=port, log_path=Path(log_path), _log=log)
+    started = time.monotonic()
     try:
         wait_healthy(server, timeout)
     except BaseException:
         server.stop()
         raise
+    _record_start(model_dir, parser, extra_args, vanilla, one_flag, time.monotonic() - started)
     return server
+
+
+#: a JSON-lines file each started server is recorded in (the test session's start ledger:
+#: tests/conftest.py prints what the starts cost, by test group)
+SERVER_LEDGER_ENV = "VLLM_ALLOWED_TOOLS_SERVER_LEDGER"
+
+
+def _record_start(model_dir: Path, parser: str, extra_args: Sequence[str], vanilla: bool,
+                  one_flag: bool, seconds: float) -> None:
+    ledger = os.environ.get(SERVER_LEDGER_ENV)
+    if not ledger:
+        return
+    import json
+    record = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+              "model": Path(model_dir).name, "parser": parser, "vanilla": vanilla,
+              "one_flag": one_flag, "args": list(extra_args), "seconds": round(seconds, 1)}
+    with contextlib.suppress(OSError), open(ledger, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
 
 
 # ------------------------------------------------------------------ the serve-tiny console script
