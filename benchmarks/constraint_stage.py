@@ -24,7 +24,7 @@
   allowed tools): build time and per-token mask cost at both vocabulary sizes, each outlines
   measurement capped at ``--outlines-timeout`` seconds (constraint_outlines.py).
 
-Nothing here is asserted: the README records a run.
+Nothing here is asserted: docs/benchmarks.md records a run.
 """
 
 from __future__ import annotations
