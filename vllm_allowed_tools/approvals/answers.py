@@ -40,10 +40,10 @@ class CheckedAnswer:
 
 def check_answer(store: GrantStore, response: ElicitationResponse | Mapping[str, Any], param: str,
                  principal: str, session: str | None, catalog: Mapping[ToolIdentity, str] | None,
-                 turn: TurnAllowlist | None | Literal[False] = False,
+                 turn: TurnAllowlist | None | Literal[False],
                  history_calls: Collection[str] = ()) -> CheckedAnswer:
     """The checked answer, or :class:`ApprovalInputError` (4xx) naming what to fix. ``turn``: see
-    :meth:`~.engine.ApprovalEngine.resolve_all`; False skips the turn check."""
+    :meth:`~.engine.ApprovalEngine.resolve_all`; False skips the turn check (said explicitly)."""
     raw = response.to_json() if isinstance(response, ElicitationResponse) else response
     common = parse_elicitation_response(raw, param=param)
     record = store.get_elicitation(common.elicitation_id)

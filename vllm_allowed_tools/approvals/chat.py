@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..call_filter import CallFilter, CallKind
 from ..request import TurnAllowlist
 from .engine import ApprovalEngine, ProposedCall
 from .errors import ApprovalInputError
@@ -44,34 +45,33 @@ class ChatApprovals:
     blocked: frozenset[str] = frozenset()
     granted: Mapping[str, str] = field(default_factory=dict)
 
-    def call_filter(self, base: Any) -> ChatCallFilter:
+    def call_filter(self, base: CallFilter) -> ChatCallFilter:
         """The output guard's filter: ``base`` without the blocked tools."""
         return ChatCallFilter(base, self.blocked)
 
 
-class ChatCallFilter:
+class ChatCallFilter(CallFilter):
     """The guard's backstop on Chat: a blocked tool is never let out, whatever the grammar did."""
 
-    def __init__(self, base: Any, blocked: frozenset[str]) -> None:
+    __slots__ = ("base", "blocked")
+
+    def __init__(self, base: CallFilter, blocked: frozenset[str]) -> None:
         self.base = base
         self.blocked = blocked
-        self.catalog = getattr(base, "catalog", None)
 
-    def is_allowed(self, flat_name: str | None) -> bool:
-        return flat_name not in self.blocked and bool(self.base.is_allowed(flat_name))
+    def allows(self, kind: CallKind, name: str | None) -> bool:
+        if kind == "function" and name in self.blocked:
+            return False
+        return self.base.allows(kind, name)
 
-    def is_custom_allowed(self, name: str | None) -> bool:
-        check = getattr(self.base, "is_custom_allowed", None)
-        return bool(check(name)) if callable(check) else False
+    def knows(self, kind: CallKind, name: str) -> bool | None:
+        return self.base.knows(kind, name)
 
-    def lookup(self, flat_name: str) -> Any:
-        lookup = getattr(self.base, "lookup", None)
-        return lookup(flat_name) if callable(lookup) else None
-
-    def refusal_message(self, flat_name: str | None, *, public_name: bool) -> str | None:
-        """The error text for a refused call to a blocked tool (None: the guard's usual one)."""
-        if flat_name not in self.blocked:
-            return None
+    def refusal_message(self, kind: CallKind, name: str | None, *, public_name: bool) -> str | None:
+        """A blocked tool's refusal says how to approve it; anything else is ``base``'s."""
+        if kind != "function" or name not in self.blocked:
+            return self.base.refusal_message(kind, name, public_name=public_name)
+        flat_name = name
         shown = f"tool {flat_name!r}" if public_name else "a tool"
         return (f"The model produced a call to {shown} that needs approval under this server's "
                 f"policy; the response was withheld (allowed_tools_violation). Sending the same "

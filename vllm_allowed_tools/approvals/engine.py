@@ -141,7 +141,7 @@ class ApprovalEngine:
     def resolve(self, response: ElicitationResponse | Mapping[str, Any], *, principal: str,
                 session: str | None = None, now: float | None = None,
                 catalog: CurrentDefinitions | None = None, param: str = "item",
-                turn: TurnAllowlist | None | Literal[False] = False,
+                turn: TurnAllowlist | None | Literal[False],
                 history_calls: Collection[str] = ()) -> Outcome:
         """Apply one ``elicitation_response`` (see :meth:`resolve_all`; no sibling declines)."""
         _check_principal(principal)
@@ -153,7 +153,7 @@ class ApprovalEngine:
     def resolve_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                     session: str | None = None, now: float | None = None,
                     catalog: CurrentDefinitions | None = None,
-                    turn: TurnAllowlist | None | Literal[False] = False,
+                    turn: TurnAllowlist | None | Literal[False],
                     history_calls: Collection[str] | None = None) -> list[Outcome]:
         """Apply every ``elicitation_response`` of a follow-up request, then decline unanswered
         siblings. ``items`` is the request's ``input`` list or its :func:`parse_input_items`.
@@ -161,7 +161,7 @@ class ApprovalEngine:
         ``turn``: this request's :class:`TurnAllowlist` (None: the request has no tools); an
         ``accept`` is then released only if this turn could have made the call (it has tools,
         ``tool_choice`` is not ``none``, and its allowlist or named choice includes the tool).
-        False (the default): not checked. ``history_calls``: the call ids of the request's
+        False: not checked (required, so that skipping the check is always said at the call). ``history_calls``: the call ids of the request's
         ``function_call`` items (read from ``items`` when it is the raw list); a repeated
         ``accept`` of a call among them releases nothing again.
 
@@ -205,7 +205,7 @@ class ApprovalEngine:
 
     def check_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                   session: str | None = None, catalog: CurrentDefinitions | None = None,
-                  turn: TurnAllowlist | None | Literal[False] = False,
+                  turn: TurnAllowlist | None | Literal[False],
                   history_calls: Collection[str] | None = None) -> list[CheckedAnswer]:
         """Check every ``elicitation_response`` as :meth:`resolve_all` does, changing nothing:
         the checked answers in input order, or :class:`ApprovalInputError` for the first bad one."""

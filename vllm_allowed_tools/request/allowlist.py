@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..call_filter import CallFilter, CallKind
 from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError
 from ..metrics import record_invalid_selection
 from .catalog import Api, Catalog, index_by_flat_name, parse_catalog, specs_digest
@@ -25,7 +26,7 @@ _PLAIN_CHOICES = ("none", "auto", "required")
 
 
 @dataclass(frozen=True)
-class TurnAllowlist:
+class TurnAllowlist(CallFilter):
     """Catalog + allowlist of one request; immutable, cheap to hash into caches by its digests.
 
     ``allowed`` is None for plain choices (no allowlist), a single identity for ``named``, and
@@ -74,6 +75,14 @@ class TurnAllowlist:
     def lookup(self, flat_name: str) -> FunctionSpec | None:
         """The catalog function the model means by ``flat_name`` (exact match, never split)."""
         return self._by_flat.get(flat_name)  # type: ignore[union-attr]
+
+    def allows(self, kind: CallKind, name: str | None) -> bool:
+        """Functions per :meth:`is_allowed`; custom and built-in tools never: an allowlist names
+        functions only (the selection refuses any other entry)."""
+        return kind == "function" and name is not None and self.is_allowed(name)
+
+    def knows(self, kind: CallKind, name: str) -> bool | None:
+        return self.lookup(name) is not None if kind == "function" else None
 
     def is_allowed(self, flat_name: str) -> bool:
         """May the model call ``flat_name`` this turn? Unknown names and choice ``none``: never."""
