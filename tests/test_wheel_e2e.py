@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from vllm_allowed_tools.decode.stage import STAGE_ENV
 from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.testing.calls import chat_calls, responses_calls
 from vllm_allowed_tools.testing.server import MODEL_TEMPLATE, start_server
@@ -211,6 +212,7 @@ def wheel_venv(builds, tmp_path_factory) -> WheelVenv:
 PROBE = r"""
 import importlib.metadata as metadata, importlib.util, json, sys
 import vllm_allowed_tools
+from vllm_allowed_tools.decode.stage import STAGE_ENV
 from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.grammars import GRAMMAR_DIR
 from vllm_allowed_tools.response import conformance
@@ -271,8 +273,10 @@ def test_the_console_script_runs_from_the_wheel(wheel_venv):
 def test_one_flag_vllm_serve_from_the_wheel_enforces_allowed_tools(wheel_venv):
     """`vllm serve MODEL --tool-call-parser allowed_hermes` under the wheel's venv (the model's own
     template, no --chat-template, no --middleware): the plugin is found through the wheel's entry
-    point and answers ``allowed_tools`` on both APIs; under ``required`` the random-weight model
-    calls one of the two allowed tools of eight only because the plugin's grammar makes it."""
+    points and answers ``allowed_tools`` on both APIs (plain vLLM refuses the Chat shape); under
+    ``required`` the random-weight model calls one of the two allowed tools of eight, with arguments
+    that fit its schema, only because the plugin's grammar makes it. The server validates its
+    Responses answer against the wheel's vendored Open Responses schema (the session's check mode)."""
     import random
 
     from openai import OpenAI
@@ -282,12 +286,16 @@ def test_one_flag_vllm_serve_from_the_wheel_enforces_allowed_tools(wheel_venv):
     allowed = [tool.name for tool in rng.sample(catalog, 2)]
     server = start_server(ensure_model("random", log=lambda *_: None), chat_template=MODEL_TEMPLATE,
                           one_flag=True, python=str(wheel_venv.python), cwd=wheel_venv.workdir,
-                          env=wheel_venv.env, timeout=600)
+                          env={key: value for key, value in wheel_venv.env.items() if key != STAGE_ENV},
+                          timeout=600)
     try:
         args = " ".join(map(str, server.process.args))
         assert "--middleware" not in args and "--chat-template" not in args, args
-        assert "middleware active for --tool-call-parser allowed_hermes" in server.log_tail(4000), \
-            server.log_tail()
+        # the wheel's plugin entry point installed the middleware; on CPU the one-flag launch
+        # applies the grammar by the logits processor vLLM loads from the wheel's
+        # `vllm.logits_processors` entry point (docs/decode-path.md)
+        assert ("middleware active for --tool-call-parser allowed_hermes; allowed-tools grammars "
+                "are applied by the logits-processor stage") in server.log_tail(4000), server.log_tail()
         client = OpenAI(base_url=server.base_url, api_key="test", max_retries=0, timeout=120)
         calls, text, _ = chat_calls(client, catalog, "required", allowed, seed=0)
         assert len(calls) == 1 and calls[0][0] in allowed, (calls, text, allowed)
