@@ -6,7 +6,7 @@ wheel with ``python -m build`` from a copy of the tree (nothing is written in th
 the wheel carries every file of the package byte for byte, declares the project's entry points, and
 that the sdist builds the same wheel; installs it into a fresh virtualenv layered over this
 interpreter's environment (its own site-packages first, then ours through a ``.pth`` path line, so
-vLLM and torch are reused, while the editable install's import hook, itself a ``.pth`` file of ours,
+vLLM and torch are reused, while the editable install's import hook, itself a ``.pth`` file in ours,
 never runs there); proves the package, its data and its entry points resolve to the wheel's copy;
 and serves the tiny model from that environment with the one-flag launch (``--tool-call-parser
 allowed_hermes``, no ``--middleware``), one ``allowed_tools`` request per API through the SDK.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -37,7 +38,7 @@ from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "vllm_allowed_tools"
 DISTRIBUTION = "vllm-allowed-tools"
-#: the entry points the wheel must carry, by group: (name, what the probe resolves)
+#: the entry points the wheel must carry: each group's entry of ours
 ENTRY_POINTS = {"console_scripts": "vllm-allowed-tools", "vllm.general_plugins": "allowed_tools",
                 "vllm.logits_processors": "allowed_tools"}
 #: outside a git checkout (an unpacked sdist), the folders no build reads
@@ -58,10 +59,10 @@ def source_files(root: Path = ROOT) -> list[str]:
     found = []
     for folder, dirs, files in os.walk(root):
         for name in list(dirs):
-            if name in NOT_SOURCE or name.endswith(".egg-info") or os.path.islink(Path(folder, name)):
+            linked = os.path.islink(Path(folder, name))   # a linked folder is one entry, copied as a link
+            if linked or name in NOT_SOURCE or name.endswith(".egg-info"):
                 dirs.remove(name)
-                if os.path.islink(Path(folder, name)):
-                    files.append(name)
+                files += [name] if linked else []
         found += [str(Path(folder, name).relative_to(root)) for name in files if not name.endswith(".pyc")]
     return sorted(found)
 
@@ -192,9 +193,9 @@ def layered_venv(venv: Path, wheel: Path, workdir: Path) -> WheelVenv:
                               "--no-deps", "--no-index", "--quiet", str(wheel)],
                              capture_output=True, text=True, env=env, cwd=workdir, timeout=300)
     assert install.returncode == 0, f"pip install {wheel.name} failed:\n{install.stdout}\n{install.stderr}"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, env=env, cwd=workdir, check=True,
-                               timeout=60).stdout.strip())
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = Path(subprocess.run([str(python), "-c", purelib], capture_output=True, text=True, env=env,
+                               cwd=workdir, check=True, timeout=60).stdout.strip())
     paths = sysconfig.get_paths()
     layered = tuple(dict.fromkeys(Path(paths[key]) for key in ("purelib", "platlib")))
     (site / "layered-over-the-test-environment.pth").write_text("".join(f"{p}\n" for p in layered))
@@ -212,15 +213,15 @@ def wheel_venv(builds, tmp_path_factory) -> WheelVenv:
 PROBE = r"""
 import importlib.metadata as metadata, importlib.util, json, sys
 import vllm_allowed_tools
-from vllm_allowed_tools.decode.stage import STAGE_ENV
 from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.grammars import GRAMMAR_DIR
 from vllm_allowed_tools.response import conformance
 from vllm_allowed_tools.templates import template_path
 points = {}
 for group, name in json.loads(sys.argv[1]).items():
-    points[group] = [{"dist": str(ep.dist.locate_file("")), "origin": importlib.util.find_spec(ep.module).origin,
-                      "attr": ep.attr} for ep in metadata.entry_points(group=group) if ep.name == name]
+    points[group] = [{"dist": str(ep.dist.locate_file("")),
+                      "origin": importlib.util.find_spec(ep.module).origin}
+                     for ep in metadata.entry_points(group=group) if ep.name == name]
 dist = metadata.distribution(sys.argv[2])
 print(json.dumps({
     "package": vllm_allowed_tools.__file__, "template": str(template_path("hermes")),
@@ -277,8 +278,6 @@ def test_one_flag_vllm_serve_from_the_wheel_enforces_allowed_tools(wheel_venv):
     ``required`` the random-weight model calls one of the two allowed tools of eight, with arguments
     that fit its schema, only because the plugin's grammar makes it. The server validates its
     Responses answer against the wheel's vendored Open Responses schema (the session's check mode)."""
-    import random
-
     from openai import OpenAI
 
     rng = random.Random(3)
