@@ -1,7 +1,7 @@
 """Digests anyone can reproduce: SHA-256 over RFC 8785 canonical JSON, the same value giving the same
 digest however it is written; values RFC 8785 cannot represent hashed under a fallback instead of
-failing; the rule and its worked example in docs/approvals.md equal to what the code computes; and
-grants stored under the earlier rule honoured after an upgrade, exactly as before (no vLLM)."""
+failing; the rule and its worked example in docs/approvals.md equal to what the code computes (no
+vLLM). Grants stored under the earlier rule: tests/test_approvals_upgrade.py."""
 
 from __future__ import annotations
 
@@ -19,18 +19,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_allowed_tools.approvals import (
-    ApprovalEngine,
-    ApprovalPolicy,
-    ProposedCall,
-    Release,
-    SQLiteGrantStore,
-    ToolCallApproval,
-    arguments_digest,
-    definition_digest,
-)
-from vllm_allowed_tools.approvals.legacy_digests import legacy_arguments_digest, legacy_definition_digest
-from vllm_allowed_tools.approvals.store import ElicitationRecord, Grant
+from vllm_allowed_tools.approvals import arguments_digest, definition_digest
 from vllm_allowed_tools.dispatch import InMemoryGrantChecker
 from vllm_allowed_tools.dispatch import arguments_digest as dispatch_arguments_digest
 from vllm_allowed_tools.request import (
