@@ -23,9 +23,6 @@ __all__ = ["CODE_TOOL_NEEDS_APPROVAL", "ChatApprovals", "ChatCallFilter", "decid
 #: ``code`` of the 400 for a Chat turn whose ``tool_choice`` can only call gated tools without a grant.
 CODE_TOOL_NEEDS_APPROVAL = "tool_needs_approval"
 
-#: an arguments digest no call has: ``find_grants`` then returns only grants not bound to arguments
-_NO_ARGUMENTS = "chat:unbound-only"
-
 _HOW_TO_APPROVE = (
     "Chat Completions cannot carry an approval request, so such a call could only be refused after "
     "generation. Send the request to POST /v1/responses instead (the call then comes back as an "
@@ -109,10 +106,8 @@ def _standing_grant(engine: ApprovalEngine, call: ProposedCall, principal: str,
     """The id of a live grant releasing every call of ``call``'s tool (not bound to arguments, its
     scope still offered by the policy), or None."""
     effective = engine.policy.effective(call.identity, call.hint, hint_param=call.hint_param)
-    for grant in engine.store.find_grants(subject=principal, session=session,
-                                          identity=call.identity,
-                                          definition_digest=call.definition_digest,
-                                          arguments_digest=_NO_ARGUMENTS, now=now):
+    for grant in engine.matching_grants(call, principal=principal, session=session, now=now,
+                                        unbound_only=True):
         if grant.arguments_digest is None and grant.is_live(now) \
                 and effective.allows_grant(grant.scope, False):
             return grant.id

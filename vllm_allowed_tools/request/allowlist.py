@@ -13,7 +13,8 @@ from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError
 from ..metrics import record_invalid_selection
 from .catalog import Api, Catalog, index_by_flat_name, parse_catalog, specs_digest
 from .identity import FunctionSpec, ToolIdentity
-from .json_text import canonical_json, copy_json, sha256_text
+from .digest import value_digest
+from .json_text import copy_json
 from .messages import is_name, malformed, type_name
 from .selection import Mode, read_selection
 
@@ -128,8 +129,8 @@ def allowlist_digest(choice: str, mode: str | None, allowed: frozenset[ToolIdent
     """Digest of (choice, sorted allowed identities, mode, parallel): a grammar cache key part."""
     identities = (None if allowed is None
                   else [i.as_json() for i in sorted(allowed, key=ToolIdentity.sort_key)])
-    return sha256_text(canonical_json({"choice": choice, "mode": mode, "allowed": identities,
-                                       "parallel_tool_calls": bool(parallel_tool_calls)}))
+    return value_digest({"choice": choice, "mode": mode, "allowed": identities,
+                         "parallel_tool_calls": bool(parallel_tool_calls)})
 
 
 def _turn_allowlist(api: Api, catalog: Catalog, choice: Choice, mode: Mode | None,
