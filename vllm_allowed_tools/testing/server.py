@@ -58,7 +58,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment vLLM's CPU build needs (docs/testing.md, "Serving on CPU")."""
+    """The environment vLLM's CPU build needs (docs/install.md, "The CPU build's fixes")."""
     env = dict(os.environ if base is None else base)
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env.setdefault("HF_HUB_OFFLINE", "1")
