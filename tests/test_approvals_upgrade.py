@@ -187,5 +187,5 @@ def test_a_pending_elicitation_of_a_changed_definition_is_still_declined(db: Pat
                                  "elicitation_id": "elicit_old", "action": "accept",
                                  "scope": "once"}],
                                principal="alice", session="s1",
-                               catalog=[spec(description="Another description.")])
+                               catalog=[spec(description="Another description.")], turn=False)
     assert isinstance(out, Decline) and out.cause == "definition_changed"
