@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -91,6 +92,7 @@ def vanilla_server():
 _GROUPS_ENV = "VLLM_ALLOWED_TOOLS_TEST_GROUPS"
 _GROUPS_CREATED = pytest.StashKey[str]()
 _LEDGER_CREATED = pytest.StashKey[str]()
+_BUILDER = pytest.StashKey[tuple]()
 
 
 def _group_of(item) -> str:
@@ -108,10 +110,32 @@ def _group_of(item) -> str:
     return group
 
 
+#: fixtures that serve a trained tiny model (their tests wait for its build)
+_TRAINED_FIXTURES = frozenset({"happy_server"})
+
+
+def _needs_trained_model(item) -> bool:
+    return item.get_closest_marker("trained_model") is not None or \
+        bool(_TRAINED_FIXTURES & set(getattr(item, "fixturenames", ())))
+
+
+def _trained_groups_last(items) -> None:
+    """The groups that serve a trained model run after the rest: the models build in the
+    background meanwhile (:func:`pytest_configure`), so no worker sits waiting for a build."""
+    late = {_group_of(item) for item in items if _needs_trained_model(item)}
+    order = {id(item): (_group_of(item) in late, index) for index, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])
+
+
 def pytest_collection_modifyitems(config, items):
-    """Parallel runs (pytest-xdist): the first worker writes every test's group for the
-    controller's scheduler (:func:`pytest_xdist_make_scheduler`), which only sees test ids."""
+    """Trained-model groups last; parallel runs (pytest-xdist): the first worker writes every
+    test's group for the controller's scheduler (:func:`pytest_xdist_make_scheduler`), which only
+    sees test ids."""
+    _trained_groups_last(items)
     workerinput = getattr(config, "workerinput", None)
+    if (workerinput is None or workerinput.get("workerid") == "gw0") and not config.option.collectonly \
+            and any(_needs_trained_model(item) for item in items):
+        _build_trained_models_in_background(config)
     path = os.environ.get(_GROUPS_ENV)
     if workerinput is None or workerinput.get("workerid") != "gw0" or not path:
         return
@@ -141,7 +165,21 @@ def pytest_xdist_make_scheduler(config, log):
     return ServerGroups(config, log)
 
 
+def _build_trained_models_in_background(config) -> None:
+    """Start building the trained tiny models now, in a child (the same build a fixture would
+    start, behind the same cache lock), when a selected test serves one and they are not cached."""
+    from vllm_allowed_tools.testing.tiny_model import TRAINED_FLAVOURS, cached_model
+    if all(cached_model(flavour) is not None for flavour in TRAINED_FLAVOURS):
+        return
+    handle, log = tempfile.mkstemp(prefix="vat-model-builds-", suffix=".log")
+    config.stash[_BUILDER] = (subprocess.Popen(
+        [sys.executable, "-m", "vllm_allowed_tools.testing.tiny_model", "--ensure", *TRAINED_FLAVOURS],
+        stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL), log)
+    os.close(handle)
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "trained_model: serves a trained tiny model (runs last)")
     if getattr(config, "workerinput", None) is None and not os.environ.get(SERVER_LEDGER_ENV):
         handle, path = tempfile.mkstemp(prefix="vat-server-starts-", suffix=".jsonl")
         os.close(handle)
@@ -155,6 +193,10 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
+    builder = config.stash.get(_BUILDER, None)
+    if builder is not None and builder[0].poll() is None:
+        builder[0].terminate()
+        builder[0].wait(30)
     for key in (_GROUPS_CREATED, _LEDGER_CREATED):
         created = config.stash.get(key, None)
         if created:

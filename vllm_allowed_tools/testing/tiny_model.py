@@ -307,6 +307,16 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+def cached_model(flavour: str, seed: int = 0, cache_dir: Path | None = None) -> Path | None:
+    """The cached model for (flavour, seed) when it is complete and built by today's recipe."""
+    path = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{flavour}-seed{seed}"
+    try:
+        marker = validate_model_dir(path)
+    except TinyModelError:
+        return None
+    return path if marker.get("recipe") == recipe_digest(flavour, seed, default_steps(flavour)) else None
+
+
 def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None = None,
                  log=print) -> Path:
     """The cached model for (flavour, seed), built if missing or built by an older recipe."""
@@ -315,14 +325,10 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
     base = ensure_model("tool-happy", seed, cache_dir, log) if flavour == "thinking" else None
     path = cache_dir / f"{flavour}-seed{seed}"
     with cache_lock(path):
-        try:
-            marker = validate_model_dir(path)
-            if marker.get("recipe") == recipe_digest(flavour, seed, steps):
-                return path
-            log(f"rebuilding {path}: built by an older recipe")
-        except TinyModelError:
-            if path.exists():
-                log(f"rebuilding {path}: incomplete")
+        if cached_model(flavour, seed, cache_dir) is not None:
+            return path
+        if path.exists():
+            log(f"rebuilding {path}: incomplete or built by an older recipe")
         log(f"building the {flavour} tiny model in {path}")
         return build(path, flavour=flavour, seed=seed, steps=steps, log=log, base=base)
 
@@ -330,14 +336,22 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.testing.tiny_model",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="folder to write the model to")
+    parser.add_argument("out", type=Path, nargs="?", help="folder to write the model to")
+    parser.add_argument("--ensure", nargs="+", choices=FLAVOURS, metavar="FLAVOUR",
+                        help="build these flavours into the model cache unless cached (no OUT)")
     parser.add_argument("--flavour", choices=FLAVOURS, default="random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
                         help=f"training steps (default: tool-happy {TRAIN_STEPS}, "
                              f"thinking {THINKING_STEPS} on top of tool-happy)")
     args = parser.parse_args(argv)
+    if (args.out is None) == (args.ensure is None):
+        parser.error("give either OUT or --ensure FLAVOUR ...")
     try:
+        if args.ensure:
+            for flavour in args.ensure:
+                print(ensure_model(flavour, args.seed), flush=True)
+            return 0
         build(args.out, args.flavour, args.seed, args.steps if args.flavour in TRAINED_FLAVOURS else 0)
     except TinyModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
