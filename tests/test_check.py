@@ -167,7 +167,8 @@ def test_the_stage_follows_the_backend_and_the_device(capsys, monkeypatch, rando
     code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes",
                        "--structured-outputs-config.backend", "outlines")
     details = finding(report, "constraint_stage")["details"]
-    assert code == 0 and (details["stage"], details["json_schema_backend"]) == ("logits-processor", "outlines")
+    assert code == 0
+    assert (details["stage"], details["json_schema_backend"]) == ("logits-processor", "outlines")
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cuda")
     code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes")
     assert code == 0 and finding(report, "constraint_stage")["details"]["stage"] == \
@@ -181,7 +182,8 @@ def test_a_backend_vllm_does_not_know_is_refused(capsys, random_model) -> None:
     code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes",
                        "--structured-outputs-config.backend", "fastest")
     assert code == 1
-    assert "vLLM refuses --structured-outputs-config.backend fastest" in finding(report, "constraint_stage")["reason"]
+    reason = finding(report, "constraint_stage")["reason"]
+    assert "vLLM refuses --structured-outputs-config.backend fastest" in reason
 
 
 def test_a_template_the_probe_rejects_is_refused_unless_the_fallback_is_on(capsys, monkeypatch,

@@ -112,7 +112,7 @@ def server_command(args: argparse.Namespace) -> list[str]:
     return with_our_middleware(argv)
 
 
-def _readable_inputs(args: argparse.Namespace) -> None:
+def _refuse_unreadable_inputs(args: argparse.Namespace) -> None:
     """Raise CheckInputError for a folder or template file the check cannot read."""
     for flag, folder in (("MODEL", args.model), ("--tokenizer", args.tokenizer)):
         if folder is not None and not Path(folder).is_dir():
@@ -159,7 +159,7 @@ def run_check(args: argparse.Namespace) -> CheckReport:
     from ..vllm_glue.vllm_validation import load_parser_plugins
     from . import check_findings as findings
     started = time.monotonic()
-    _readable_inputs(args)
+    _refuse_unreadable_inputs(args)
     argv = server_command(args)
     try:
         served = load_served_template(argv)

@@ -275,5 +275,7 @@ def configuration_finding() -> Finding:
         max_json_whitespace()
     except CapabilityError as exc:
         return _warn("configuration", f"the server starts, but every constrained request fails: {exc}")
-    return _ok("configuration", f"plain auto turns decode with {plain} names; {approvals}",
+    decoding = "can call only the request's own tools" if plain == "catalog" else \
+        "decode as vLLM decodes them (the output guard still refuses names outside the catalog)"
+    return _ok("configuration", f"plain auto turns {decoding}; {approvals}",
                plain_decoding=plain, approval_policy=policy or None)

@@ -74,7 +74,8 @@ def tokenizer_mode_refusal(mode: str) -> str | None:
     known = {"auto", *TokenizerRegistry.tokenizers}
     if mode.lower() in known:
         return None
-    return f"vLLM has no tokenizer registered for --tokenizer-mode {mode} (it knows {', '.join(sorted(known))})"
+    return (f"vLLM has no tokenizer registered for --tokenizer-mode {mode} (it knows "
+            f"{', '.join(sorted(known))})")
 
 
 def chat_template_refusal(value: str) -> str | None:
