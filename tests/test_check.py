@@ -240,6 +240,53 @@ def test_the_text_report_says_what_refuses(capsys, random_model) -> None:
     assert "REFUSED  tool parser" in out and "result: the server would refuse to start" in out
 
 
+#: configurations the middleware decides at start-up: (the check's flags, the environment)
+MIDDLEWARE_CASES = {
+    "starts": ([], {}),
+    "base parser": (["--tool-call-parser", "hermes"], {}),
+    "guidance, native stage": (["--structured-outputs-config.backend", "guidance"],
+                               {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}),
+    "guidance, processor stands in": (["--structured-outputs-config.backend", "guidance"], {}),
+    "template the probe rejects": (["--chat-template", "{users_only}"], {}),
+    "the same, catalog filtering": (["--chat-template", "{users_only}"],
+                                    {"VLLM_ALLOWED_TOOLS_FALLBACK": "filter-catalog"}),
+    "mistral tokenizer mode": (["--tokenizer-mode", "mistral"], {}),
+    "unknown plain decoding": ([], {"VLLM_ALLOWED_TOOLS_PLAIN_DECODING": "loose"}),
+    "missing approval policy": ([], {"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": "{tmp}/missing.toml"}),
+    "strict tool calling off": ([], {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MIDDLEWARE_CASES))
+def test_the_check_refuses_exactly_what_the_middleware_refuses_at_start_up(capsys, monkeypatch, tmp_path,
+                                                                          random_model, case) -> None:
+    """The drift guard: the middleware built as vLLM builds it (no arguments, the server's
+    ``sys.argv``) on the command line the check decided for fails exactly where the check says
+    the server refuses."""
+    import importlib
+
+    from vllm_allowed_tools.vllm_glue import capabilities
+    from vllm_allowed_tools.vllm_glue.plugin import MIDDLEWARE
+    (tmp_path / "users_only.jinja").write_text(USERS_ONLY_TEMPLATE)
+    flags, environ = MIDDLEWARE_CASES[case]
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    flags = [flag.format(users_only=tmp_path / "users_only.jinja") for flag in flags]
+    code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes", *flags)
+    module, name = MIDDLEWARE.rsplit(".", 1)
+    monkeypatch.setattr(sys, "argv", report["command"])
+    monkeypatch.setattr(capabilities, "_ACTIVE", None)   # what building the middleware records
+    try:
+        getattr(importlib.import_module(module), name)(lambda *_: None)
+        refused = None
+    except Exception as exc:  # noqa: BLE001 - CapabilityError, PolicyFileError: what stops a server
+        refused = exc
+    assert code == (1 if refused else 0), (report, refused)
+    if refused is not None:
+        reasons = [f["reason"] for f in report["findings"] if f["verdict"] == "refused"]
+        assert any(str(refused) in reason for reason in reasons), (reasons, refused)
+
+
 # ------------------------------------------------------------------ warnings: the server starts
 
 def test_a_tokenizer_without_the_formats_markers_starts_with_a_warning(capsys, random_model) -> None:
