@@ -24,7 +24,7 @@
   allowed tools): build time and per-token mask cost at both vocabulary sizes, each outlines
   measurement capped at ``--outlines-timeout`` seconds (constraint_outlines.py).
 
-Nothing here is asserted: the README records a run.
+Nothing here is asserted: docs/benchmarks.md records a run.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from vllm_allowed_tools.decode.grammar import (
     AllowedFunction,
     GrammarKey,
-    allowed_subset_tag,
+    cached_subset_tag,
     build_structural_tag,
     built,
     clear_tag_cache,
@@ -51,7 +51,8 @@ from vllm_allowed_tools.decode.grammar import (
 )
 from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
 from vllm_allowed_tools.decode.split import split_tags
-from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
+from vllm_allowed_tools.decode.split import constraint_extra_args
+from vllm_allowed_tools.decode.stage import read_extra_args
 
 
 def rich_functions(count: int, seed: int = 0, strict: bool = True) -> list[AllowedFunction]:
@@ -157,11 +158,11 @@ def bench_compile(rounds: int, strict: bool = True) -> list[dict[str, Any]]:
 
             clear_tag_cache()
             grammars = CompiledGrammars(info)
-            warm_tag = allowed_subset_tag(key, lambda: functions)
+            warm_tag = cached_subset_tag(key, lambda: functions)
             grammars.get(read_extra_args(constraint_extra_args(warm_tag)))
 
             def cached():   # what a repeated turn costs: frontend tag cache + engine grammar cache
-                tag = allowed_subset_tag(key, lambda: functions)
+                tag = cached_subset_tag(key, lambda: functions)
                 grammars.get(read_extra_args(constraint_extra_args(tag), verify=False))
 
             def admission():   # the once-per-request digest check (validate_params)

@@ -19,6 +19,11 @@ import pytest
 
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.testing.server import SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
+
+# grammars are built in-process here as in the server: vLLM's own tag builders lent as the plugin
+# lends them when vLLM loads it
+register_tag_builder()
 
 _RUNNING: list[ServeTinyProcess] = []
 _CONFORMANCE = pytest.StashKey[tuple]()

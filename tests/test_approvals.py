@@ -128,7 +128,7 @@ def elicit(engine: ApprovalEngine, c: ProposedCall | None = None, *, principal: 
 
 def resolve(engine: ApprovalEngine, *items: dict[str, Any], principal: str = "alice",
             session: str | None = "s1", **kw: Any) -> list[Any]:
-    return engine.resolve_all(list(items), principal=principal, session=session, **kw)
+    return engine.resolve_all(list(items), principal=principal, session=session, **kw, turn=False)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -144,7 +144,9 @@ def test_arguments_digest_is_canonical_and_changes_with_any_value() -> None:
     assert a != arguments_digest('{"pr": 124, "body": "Looks good!"}')
     assert a != arguments_digest('{"pr": 123, "body": "Looks good"}')
     assert a != arguments_digest('{"pr": "123", "body": "Looks good!"}')
-    assert arguments_digest('{"x": 1}') != arguments_digest('{"x": 1.0}')
+    # RFC 8785 reads numbers as doubles: 1 and 1.0 are one number (tests/test_digests.py)
+    assert arguments_digest('{"x": 1}') == arguments_digest('{"x": 1.0}')
+    assert arguments_digest('{"x": 1}') != arguments_digest('{"x": 1.5}')
     assert a != arguments_digest('{"pr": 123, "body": "Looks good!", "extra": null}')
 
 
@@ -829,7 +831,7 @@ def _race_worker(db: str, ids: list[str], worker: int, barrier: Any, queue: Any)
         barrier.wait()
         try:
             out = eng.resolve(respond(eid, "accept", "session", rid=f"resp_w{worker}_{eid}"),
-                              principal="alice", session="s1")
+                              principal="alice", session="s1", turn=False)
             release = out if isinstance(out, Release) else getattr(out, "release", None)
             queue.put((eid, worker, type(out).__name__, release and release.grant_id))
         except ApprovalInputError as exc:
@@ -886,7 +888,7 @@ _WRITER = textwrap.dedent("""
         (out,) = engine.resolve_all([{"id": f"r{i}", "type": "elicitation_response",
                                       "elicitation_id": e.id, "action": "accept",
                                       "scope": "always" if i % 2 else "session"}],
-                                     principal=f"p{i}", session=f"s{i}")
+                                     principal=f"p{i}", session=f"s{i}", turn=False)
         print("COMMITTED", out.grant_id, e.id, flush=True)
 
     i = 0
@@ -956,7 +958,7 @@ def test_writer_killed_mid_transaction_loses_nothing_committed(db: Path) -> None
     eng = ApprovalEngine(ApprovalPolicy.require_all(), store)
     spec_ = FunctionSpec.build(ToolIdentity(None, "deploy"), "Deploy.", None)
     out = eng.resolve(respond(pending[0][0], "accept", "once", rid="late"), principal="p6",
-                      session="s6")
+                      session="s6", turn=False)
     assert isinstance(out, Release) and out.call_id == "c6"
     assert isinstance(eng.propose(ProposedCall.from_spec(spec_, call_id="x", arguments="{}"),
                                   principal="p5", session="zzz"), Release)  # an always grant
@@ -1106,11 +1108,11 @@ def test_postgres_store_behaves_like_sqlite(postgres_dsn: str, clock: Clock) -> 
     a, _b = eng.propose_all([call("a", '{"pr": 1}'), call("b", '{"pr": 2}')], principal="alice",
                             session=session)
     out = eng.resolve_all([respond(a, "accept", "session", rid=f"{a.id}-r")], principal="alice",
-                          session=session)
+                          session=session, turn=False)
     assert [type(o) for o in out] == [Release, Decline] and out[0].call_id == "a"
     assert isinstance(eng.propose(call("c"), principal="alice", session=session), Release)
     assert isinstance(eng.resolve_all([respond(a, "accept", "session", rid=f"{a.id}-r")],
-                                      principal="alice", session=session)[0], Replayed)
+                                      principal="alice", session=session, turn=False)[0], Replayed)
     assert eng.revoke(out[0].grant_id)
     assert isinstance(eng.propose(call("d"), principal="alice", session=session), ToolCallApproval)
     # racing threads: one release
@@ -1121,7 +1123,7 @@ def test_postgres_store_behaves_like_sqlite(postgres_dsn: str, clock: Clock) -> 
         barrier.wait()
         try:
             results.extend(eng.resolve_all([respond(e, "accept", "once", rid=f"{e.id}-{i}")],
-                                           principal="alice", session=session))
+                                           principal="alice", session=session, turn=False))
         except ApprovalInputError as exc:
             results.append(exc)
 

@@ -4,10 +4,12 @@ without a model call; `decline` reaches the model as the call's result; Chat ref
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import httpx
 import pytest
+import rfc8785
 from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.testing.metrics import scrape_metric
@@ -46,6 +48,10 @@ def _prompt_tokens(server) -> float:
     return scrape_metric(server.root_url, "vllm:prompt_tokens_total")
 
 
+def _rfc8785_digest(value) -> str:
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+
 def test_gated_call_is_an_elicitation_and_accept_releases_it(approvals_server):
     client = approvals_server.client()
     output = _ask(client)
@@ -53,6 +59,12 @@ def test_gated_call_is_an_elicitation_and_accept_releases_it(approvals_server):
     assert not [item for item in output if item["type"] == "function_call"]
     assert elicitation["elicitation_type"] == "tool_call_approval" and elicitation["name"] == GATED
     assert POOL_BY_NAME[GATED].arguments_valid(elicitation["arguments"])
+    # a client recomputes both digests with a standard RFC 8785 library (docs/approvals.md)
+    tool = TOOLS[0]
+    assert elicitation["arguments_digest"] == _rfc8785_digest(json.loads(elicitation["arguments"]))
+    assert elicitation["tool_definition_digest"] == _rfc8785_digest(
+        {"namespace": None, "name": GATED, "description": tool["description"],
+         "parameters": tool["parameters"]})
     before = _prompt_tokens(approvals_server)
     answer = {"id": "er_1", "type": "elicitation_response", "elicitation_id": elicitation["id"],
               "action": "accept", "scope": "once"}

@@ -62,7 +62,7 @@ def _grant(engine, name, scope, principal="alice", session="s1"):
                                 principal=principal, session=session)
     assert isinstance(item, ToolCallApproval)
     engine.resolve_all([{"id": "er_1", "type": "elicitation_response", "elicitation_id": item.id,
-                         "action": "accept", "scope": scope}], principal=principal, session=session)
+                         "action": "accept", "scope": scope}], principal=principal, session=session, turn=False)
 
 
 # ------------------------------------------------------------------- 400 before generation
@@ -151,7 +151,7 @@ def test_a_live_grant_releases_the_tool_on_chat(engine, scope):
     body = _body({"type": "function", "function": {"name": GATED}})
     decision = _decide(engine, body)
     assert decision.blocked == frozenset() and set(decision.granted) == {GATED}
-    assert decision.call_filter(AllowedNames.from_request(body, "chat")).is_allowed(GATED)
+    assert decision.call_filter(AllowedNames.from_request(body, "chat")).allows("function", GATED)
     if scope == "session":   # a session grant covers its own session only
         with pytest.raises(ApprovalInputError):
             _decide(engine, body, session="s2")

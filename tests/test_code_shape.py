@@ -1,5 +1,5 @@
 """The package's shape, checked: a reader finds each role in one folder, and no part outgrows what a
-reader can hold (the limits the README's layout section states)."""
+reader can hold (the limits docs/architecture.md's layout section states)."""
 from __future__ import annotations
 
 import ast

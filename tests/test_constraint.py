@@ -25,15 +25,15 @@ from vllm_allowed_tools.decode.stage import (
     XARGS_TAG,
     ConstraintArgsError,
     choose_stage,
-    constraint_extra_args,
     read_extra_args,
     requested_stage,
 )
+from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.decode.grammar import (
     AllowedFunction,
     GrammarKey,
-    allowed_subset_tag,
+    cached_subset_tag,
     build_structural_tag,
     built,
     clear_tag_cache,
@@ -77,14 +77,14 @@ def test_tag_cache_builds_once_per_turn_and_keys_on_the_subset():
         return make
 
     key = GrammarKey("hermes", "catalog", "allow-a", "auto", True)
-    first = allowed_subset_tag(key, functions(("tool_0",)))
-    again = allowed_subset_tag(key, functions(("tool_0",)))
-    other = allowed_subset_tag(GrammarKey("hermes", "catalog", "allow-b", "auto", True),
+    first = cached_subset_tag(key, functions(("tool_0",)))
+    again = cached_subset_tag(key, functions(("tool_0",)))
+    other = cached_subset_tag(GrammarKey("hermes", "catalog", "allow-b", "auto", True),
                                functions(("tool_1",)))
     assert first is again and first.digest != other.digest
     assert calls == [("tool_0",), ("tool_1",)]
     assert tag_cache_stats()[:2] == (1, 2)
-    assert allowed_subset_tag(GrammarKey("mistral", "c", "a", "auto", True), functions(("tool_0",))) is None
+    assert cached_subset_tag(GrammarKey("mistral", "c", "a", "auto", True), functions(("tool_0",))) is None
 
 
 # ---------------------------------------------------------------------------- request arguments

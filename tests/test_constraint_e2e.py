@@ -159,7 +159,7 @@ def test_auto_mode_holds_against_the_tool_happy_model(stage_happy_server):
 def test_client_cannot_plant_a_grammar(stage_happy_server):
     """Our vllm_xargs keys are stripped from client requests: a client's own 'grammar' (here one
     that would force a call to a tool outside its allowlist) never reaches the engine."""
-    from vllm_allowed_tools.decode.stage import constraint_extra_args
+    from vllm_allowed_tools.decode.split import constraint_extra_args
     from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
     catalog, allowed = _catalog_and_subset(3)
     outsider = next(tool for tool in catalog if tool.name not in allowed)
@@ -178,7 +178,7 @@ def test_offline_llm_is_constrained_through_extra_args():
     logits processor (loaded from the entry point) through ``SamplingParams.extra_args``."""
     import os
 
-    from vllm_allowed_tools.decode.stage import constraint_extra_args
+    from vllm_allowed_tools.decode.split import constraint_extra_args
     from vllm_allowed_tools.decode.grammar import allowed_tools_grammar
     from vllm_allowed_tools.testing.server import server_environment
     from vllm_allowed_tools.testing.tiny_model import ensure_model

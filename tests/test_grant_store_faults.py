@@ -85,7 +85,7 @@ def test_store_folder_gone_fails_closed_and_recovers(store_dir: Path) -> None:
         assert body["type"] == "server_error" and "Retry" in body["message"]
         assert str(db) not in body["message"] and str(db) in err.detail   # no server path leaks
         with pytest.raises(GrantStoreUnavailable):   # the answer cannot be applied either
-            engine.resolve_all([_accept(asked)], principal="alice", session="s1")
+            engine.resolve_all([_accept(asked)], principal="alice", session="s1", turn=False)
         with pytest.raises(GrantStoreUnavailable):
             engine.check_store()
         # a call that needs no approval never touches the store
@@ -95,7 +95,7 @@ def test_store_folder_gone_fails_closed_and_recovers(store_dir: Path) -> None:
         away.rename(store_dir)
     engine.check_store()
     # recovered: the answer given during the outage can be sent again and is applied once
-    [released] = engine.resolve_all([_accept(asked)], principal="alice", session="s1")
+    [released] = engine.resolve_all([_accept(asked)], principal="alice", session="s1", turn=False)
     assert isinstance(released, Release) and released.grant_id
     assert isinstance(engine.propose(_call(GATED, "c3"), principal="alice", session="s1"), Release)
     assert _statuses(db)[asked.id] == "accepted"
@@ -105,7 +105,7 @@ def test_store_file_replaced_by_a_non_database_then_restored(store_dir: Path) ->
     db = store_dir / "grants.db"
     engine = _engine(db)
     asked = engine.propose(_call(GATED), principal="alice", session="s1")
-    [grant] = engine.resolve_all([_accept(asked)], principal="alice", session="s1")
+    [grant] = engine.resolve_all([_accept(asked)], principal="alice", session="s1", turn=False)
     saved = store_dir.with_name("saved")
     saved.mkdir()
     files = [f for f in store_dir.iterdir() if f.name.startswith("grants.db")]   # db, -wal, -shm
@@ -142,7 +142,7 @@ def test_store_locked_by_another_process_fails_closed_then_recovers(store_dir: P
     db = store_dir / "grants.db"
     engine = _engine(db, timeout=0.5)
     granted = engine.propose(_call(GATED), principal="alice", session="s1")
-    [grant] = engine.resolve_all([_accept(granted)], principal="alice", session="s1")
+    [grant] = engine.resolve_all([_accept(granted)], principal="alice", session="s1", turn=False)
     asked = engine.propose(_call(GATED, "c2"), principal="bob", session="s2")
     with sqlite_locked(db):
         started = time.monotonic()
@@ -151,15 +151,15 @@ def test_store_locked_by_another_process_fails_closed_then_recovers(store_dir: P
         assert info.value.cause == "locked" and "busy timeout" in info.value.detail
         assert 0.4 < time.monotonic() - started < 5
         with pytest.raises(GrantStoreUnavailable):           # consuming: a write
-            engine.resolve_all([_accept(asked, rid="r2")], principal="bob", session="s2")
+            engine.resolve_all([_accept(asked, rid="r2")], principal="bob", session="s2", turn=False)
         # reads still work in WAL mode: a live grant still releases (it is not a widening)
         out = engine.propose(_call(GATED, "c4"), principal="alice", session="s1")
         assert isinstance(out, Release) and out.grant_id == grant.grant_id
     assert _statuses(db)[asked.id] == "pending", "the failed consumption left nothing behind"
-    [released] = engine.resolve_all([_accept(asked, rid="r2")], principal="bob", session="s2")
+    [released] = engine.resolve_all([_accept(asked, rid="r2")], principal="bob", session="s2", turn=False)
     assert isinstance(released, Release)
     assert isinstance(engine.resolve_all([_accept(asked, rid="r2")], principal="bob",
-                                         session="s2")[0], Replayed)
+                                         session="s2", turn=False)[0], Replayed)
 
 
 def test_start_up_with_an_unusable_path_names_it(tmp_path: Path) -> None:
@@ -269,12 +269,12 @@ def test_postgres_stopped_fails_closed_and_recovers() -> None:
         with pytest.raises(GrantStoreUnavailable):
             engine.check_store()
         with pytest.raises(GrantStoreUnavailable):
-            engine.resolve_all([_accept(asked)], principal="alice", session="s1")
+            engine.resolve_all([_accept(asked)], principal="alice", session="s1", turn=False)
         assert isinstance(engine.propose(_call(FREE), principal="alice", session="s1"), Release)
         assert time.monotonic() - started < 30
         pg.restart()
         engine.check_store()
-        [released] = engine.resolve_all([_accept(asked)], principal="alice", session="s1")
+        [released] = engine.resolve_all([_accept(asked)], principal="alice", session="s1", turn=False)
         assert isinstance(released, Release) and released.grant_id
         engine.store.close()
     finally:

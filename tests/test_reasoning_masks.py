@@ -23,7 +23,8 @@ xgr = pytest.importorskip("xgrammar")
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
 from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
-from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args
+from vllm_allowed_tools.decode.split import constraint_extra_args
+from vllm_allowed_tools.decode.stage import read_extra_args
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}

@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 from vllm_allowed_tools.decode.grammar import AllowedFunction, turn_tag  # noqa: E402
 from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch  # noqa: E402
 from vllm_allowed_tools.decode.split import split_for_request, split_tags  # noqa: E402
-from vllm_allowed_tools.decode.stage import constraint_extra_args, read_extra_args  # noqa: E402
+from vllm_allowed_tools.decode.split import constraint_extra_args
+from vllm_allowed_tools.decode.stage import read_extra_args  # noqa: E402
 
 NAMES = ["get", "get_user", "get_users", "set", "search", "search_web", "run", "read", "read_file"]
 PIECES = ["<tool_call>", "</tool_call>", "<tool_call>\n", '{"', '"}', '": ', '", "', '"name"', "name",

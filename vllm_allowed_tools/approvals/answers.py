@@ -8,8 +8,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..request import ToolIdentity, TurnAllowlist
-from .digests import definition_digest as compute_definition_digest
+from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
+from .digests import definition_matches
 from .errors import (
     CODE_ELICITATION_CONSUMED,
     CODE_ELICITATION_MISMATCH,
@@ -39,11 +39,14 @@ class CheckedAnswer:
 
 
 def check_answer(store: GrantStore, response: ElicitationResponse | Mapping[str, Any], param: str,
-                 principal: str, session: str | None, catalog: Mapping[ToolIdentity, str] | None,
-                 turn: TurnAllowlist | None | Literal[False] = False,
+                 principal: str, session: str | None,
+                 catalog: Mapping[ToolIdentity, FunctionSpec | str] | None,
+                 turn: TurnAllowlist | None | Literal[False],
                  history_calls: Collection[str] = ()) -> CheckedAnswer:
-    """The checked answer, or :class:`ApprovalInputError` (4xx) naming what to fix. ``turn``: see
-    :meth:`~.engine.ApprovalEngine.resolve_all`; False skips the turn check."""
+    """The checked answer, or :class:`ApprovalInputError` (4xx) naming what to fix. ``catalog``:
+    the request's tools now (identity -> spec, or -> definition digest); None skips the definition
+    check. ``turn``: see :meth:`~.engine.ApprovalEngine.resolve_all`; False skips the turn check
+    (said explicitly)."""
     raw = response.to_json() if isinstance(response, ElicitationResponse) else response
     common = parse_elicitation_response(raw, param=param)
     record = store.get_elicitation(common.elicitation_id)
@@ -83,7 +86,7 @@ def check_answer(store: GrantStore, response: ElicitationResponse | Mapping[str,
     stale = False
     if catalog is not None:
         current = catalog.get(record.identity)
-        stale = current is None or current != record.definition_digest
+        stale = current is None or not definition_matches(current, record.definition_digest)
     if typed.action == "accept" and turn is not False:
         _check_turn(record, param, turn, stale=stale)
     return CheckedAnswer(typed, record, param, stale=stale, in_history=in_history)
@@ -135,7 +138,7 @@ def _check_turn(record: ElicitationRecord, param: str, turn: TurnAllowlist | Non
     elif stale:
         return
     elif not any(spec.identity == record.identity
-                 and compute_definition_digest(spec) == record.definition_digest
+                 and definition_matches(spec, record.definition_digest)
                  for spec in turn.catalog):
         why = f"this request's tools do not include {tool} with the definition it had when it " \
               "was approved"

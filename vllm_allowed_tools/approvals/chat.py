@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..call_filter import CallFilter, CallKind
 from ..request import TurnAllowlist
 from .engine import ApprovalEngine, ProposedCall
 from .errors import ApprovalInputError
@@ -21,9 +22,6 @@ __all__ = ["CODE_TOOL_NEEDS_APPROVAL", "ChatApprovals", "ChatCallFilter", "decid
 
 #: ``code`` of the 400 for a Chat turn whose ``tool_choice`` can only call gated tools without a grant.
 CODE_TOOL_NEEDS_APPROVAL = "tool_needs_approval"
-
-#: an arguments digest no call has: ``find_grants`` then returns only grants not bound to arguments
-_NO_ARGUMENTS = "chat:unbound-only"
 
 _HOW_TO_APPROVE = (
     "Chat Completions cannot carry an approval request, so such a call could only be refused after "
@@ -44,34 +42,33 @@ class ChatApprovals:
     blocked: frozenset[str] = frozenset()
     granted: Mapping[str, str] = field(default_factory=dict)
 
-    def call_filter(self, base: Any) -> ChatCallFilter:
+    def call_filter(self, base: CallFilter) -> ChatCallFilter:
         """The output guard's filter: ``base`` without the blocked tools."""
         return ChatCallFilter(base, self.blocked)
 
 
-class ChatCallFilter:
+class ChatCallFilter(CallFilter):
     """The guard's backstop on Chat: a blocked tool is never let out, whatever the grammar did."""
 
-    def __init__(self, base: Any, blocked: frozenset[str]) -> None:
+    __slots__ = ("base", "blocked")
+
+    def __init__(self, base: CallFilter, blocked: frozenset[str]) -> None:
         self.base = base
         self.blocked = blocked
-        self.catalog = getattr(base, "catalog", None)
 
-    def is_allowed(self, flat_name: str | None) -> bool:
-        return flat_name not in self.blocked and bool(self.base.is_allowed(flat_name))
+    def allows(self, kind: CallKind, name: str | None) -> bool:
+        if kind == "function" and name in self.blocked:
+            return False
+        return self.base.allows(kind, name)
 
-    def is_custom_allowed(self, name: str | None) -> bool:
-        check = getattr(self.base, "is_custom_allowed", None)
-        return bool(check(name)) if callable(check) else False
+    def knows(self, kind: CallKind, name: str) -> bool | None:
+        return self.base.knows(kind, name)
 
-    def lookup(self, flat_name: str) -> Any:
-        lookup = getattr(self.base, "lookup", None)
-        return lookup(flat_name) if callable(lookup) else None
-
-    def refusal_message(self, flat_name: str | None, *, public_name: bool) -> str | None:
-        """The error text for a refused call to a blocked tool (None: the guard's usual one)."""
-        if flat_name not in self.blocked:
-            return None
+    def refusal_message(self, kind: CallKind, name: str | None, *, public_name: bool) -> str | None:
+        """A blocked tool's refusal says how to approve it; anything else is ``base``'s."""
+        if kind != "function" or name not in self.blocked:
+            return self.base.refusal_message(kind, name, public_name=public_name)
+        flat_name = name
         shown = f"tool {flat_name!r}" if public_name else "a tool"
         return (f"The model produced a call to {shown} that needs approval under this server's "
                 f"policy; the response was withheld (allowed_tools_violation). Sending the same "
@@ -109,10 +106,8 @@ def _standing_grant(engine: ApprovalEngine, call: ProposedCall, principal: str,
     """The id of a live grant releasing every call of ``call``'s tool (not bound to arguments, its
     scope still offered by the policy), or None."""
     effective = engine.policy.effective(call.identity, call.hint, hint_param=call.hint_param)
-    for grant in engine.store.find_grants(subject=principal, session=session,
-                                          identity=call.identity,
-                                          definition_digest=call.definition_digest,
-                                          arguments_digest=_NO_ARGUMENTS, now=now):
+    for grant in engine.matching_grants(call, principal=principal, session=session, now=now,
+                                        unbound_only=True):
         if grant.arguments_digest is None and grant.is_live(now) \
                 and effective.allows_grant(grant.scope, False):
             return grant.id

@@ -1,38 +1,30 @@
 """Digests that bind an approval to one exact call and one exact tool definition, so that an
-approval given for one call can never release another. How each is computed: ``docs/approvals.md``.
+approval given for one call can never release another. Both are SHA-256 over RFC 8785 canonical
+JSON (:mod:`vllm_allowed_tools.request.digest`), so a client can recompute them; the rule and a
+worked example: ``docs/approvals.md`` ("Digests"). What was stored under the rule before RFC 8785 is
+still recognised (:mod:`.legacy_digests`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-from ..request import FunctionSpec, ToolIdentity, canonical_json, function_digest, strict_json_loads
+from ..request import FunctionSpec, ToolIdentity, function_digest, text_digest, value_digest
+from .legacy_digests import legacy_definition_digest
 
-__all__ = ["PREFIX", "arguments_digest", "canonical_arguments", "definition_digest"]
+__all__ = ["PREFIX", "arguments_digest", "definition_digest", "definition_matches"]
 
 PREFIX = "sha256:"
 
 
-def canonical_arguments(arguments: str | Mapping[str, Any]) -> str | None:
-    """The canonical JSON text of ``arguments`` (a JSON string as models emit it, or a parsed
-    mapping), or None when the text is not one unambiguous JSON value."""
-    if not isinstance(arguments, str):
-        return canonical_json(arguments)
-    try:
-        value = strict_json_loads(arguments)
-    except (ValueError, RecursionError):
-        return None
-    return canonical_json(value)
-
-
 def arguments_digest(arguments: str | Mapping[str, Any]) -> str:
-    """``sha256:`` of the canonical JSON of the arguments; arguments that are not one unambiguous
-    JSON value are digested over their exact text under another prefix."""
-    canonical = canonical_arguments(arguments)
-    text = "json:" + canonical if canonical is not None else "raw:" + str(arguments)
-    return PREFIX + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    """``sha256:`` + hex SHA-256 of the RFC 8785 JSON of the arguments (a JSON text as models emit
+    it, read strictly, or a parsed mapping). A text that is not one unambiguous JSON value, or whose
+    value RFC 8785 cannot represent, is digested over ``raw:`` + its exact text."""
+    if isinstance(arguments, str):
+        return PREFIX + text_digest(arguments)
+    return PREFIX + value_digest(dict(arguments))
 
 
 def definition_digest(spec: FunctionSpec | None = None, *, identity: ToolIdentity | None = None,
@@ -46,3 +38,12 @@ def definition_digest(spec: FunctionSpec | None = None, *, identity: ToolIdentit
         raise TypeError("definition_digest needs a FunctionSpec or an identity")
     params = {"type": "object", "properties": {}} if parameters is None else parameters
     return PREFIX + function_digest(identity, description, params)
+
+
+def definition_matches(current: FunctionSpec | str, recorded: str) -> bool:
+    """Is ``recorded`` (a digest an elicitation or grant carries) the digest of ``current`` (a spec,
+    or the digest a caller computed for it): under today's rule, or under the one before RFC 8785
+    that records stored then carry? The same definition either way, so nothing is widened."""
+    if isinstance(current, str):
+        return current == recorded
+    return definition_digest(current) == recorded or legacy_definition_digest(current) == recorded

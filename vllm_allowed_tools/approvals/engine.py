@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
 from .answers import CheckedAnswer, check_answer, function_call_ids, release_of, same_answer
 from .digests import arguments_digest as compute_arguments_digest
-from .digests import definition_digest as compute_definition_digest
 from .errors import CODE_ELICITATION_CONSUMED, ApprovalInputError
 from .items import ApprovalItems, ElicitationResponse, ToolCallApproval, parse_input_items
+from .legacy_digests import legacy_arguments_digest, legacy_definition_digest
 from .outcomes import Decline, Outcome, ProposedCall, Rejected, Release, Replayed
 from .policy import ApprovalPolicy
 from .store import ElicitationRecord, Grant, GrantStore
@@ -38,19 +38,26 @@ __all__ = [
 #: map of identities to definition digests, or the specs themselves).
 CurrentDefinitions = TurnAllowlist | Mapping[ToolIdentity, str] | Iterable[FunctionSpec]
 
+#: an arguments digest no call has: :meth:`ApprovalEngine.matching_grants` asks the store for it
+#: to get only the grants not bound to arguments
+_NO_ARGUMENTS = "unbound-only"
+
 
 def _new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-def _catalog_digests(catalog: CurrentDefinitions | None) -> Mapping[ToolIdentity, str] | None:
+def _catalog_digests(
+        catalog: CurrentDefinitions | None) -> Mapping[ToolIdentity, FunctionSpec | str] | None:
+    """Each current tool's definition: its spec where known (it matches a record under either
+    digest rule, :func:`~.digests.definition_matches`), else the digest the caller gave."""
     if catalog is None:
         return None
     if isinstance(catalog, TurnAllowlist):
         catalog = catalog.catalog
     if isinstance(catalog, Mapping):
         return dict(catalog)
-    return {spec.identity: compute_definition_digest(spec) for spec in catalog}
+    return {spec.identity: spec for spec in catalog}
 
 
 class ApprovalEngine:
@@ -114,10 +121,8 @@ class ApprovalEngine:
 
         if not effective.required:
             return release("policy")
-        for grant in self.store.find_grants(subject=principal, session=session,
-                                            identity=call.identity,
-                                            definition_digest=call.definition_digest,
-                                            arguments_digest=args_digest, now=now):
+        for grant in self.matching_grants(call, principal=principal, session=session, now=now,
+                                          arguments_digest=args_digest):
             if grant.is_live(now) and effective.allows_grant(grant.scope,
                                                              grant.arguments_digest is not None):
                 return release("grant", grant)
@@ -141,7 +146,7 @@ class ApprovalEngine:
     def resolve(self, response: ElicitationResponse | Mapping[str, Any], *, principal: str,
                 session: str | None = None, now: float | None = None,
                 catalog: CurrentDefinitions | None = None, param: str = "item",
-                turn: TurnAllowlist | None | Literal[False] = False,
+                turn: TurnAllowlist | None | Literal[False],
                 history_calls: Collection[str] = ()) -> Outcome:
         """Apply one ``elicitation_response`` (see :meth:`resolve_all`; no sibling declines)."""
         _check_principal(principal)
@@ -153,7 +158,7 @@ class ApprovalEngine:
     def resolve_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                     session: str | None = None, now: float | None = None,
                     catalog: CurrentDefinitions | None = None,
-                    turn: TurnAllowlist | None | Literal[False] = False,
+                    turn: TurnAllowlist | None | Literal[False],
                     history_calls: Collection[str] | None = None) -> list[Outcome]:
         """Apply every ``elicitation_response`` of a follow-up request, then decline unanswered
         siblings. ``items`` is the request's ``input`` list or its :func:`parse_input_items`.
@@ -161,7 +166,7 @@ class ApprovalEngine:
         ``turn``: this request's :class:`TurnAllowlist` (None: the request has no tools); an
         ``accept`` is then released only if this turn could have made the call (it has tools,
         ``tool_choice`` is not ``none``, and its allowlist or named choice includes the tool).
-        False (the default): not checked. ``history_calls``: the call ids of the request's
+        False: not checked (required, so that skipping the check is always said at the call). ``history_calls``: the call ids of the request's
         ``function_call`` items (read from ``items`` when it is the raw list); a repeated
         ``accept`` of a call among them releases nothing again.
 
@@ -205,7 +210,7 @@ class ApprovalEngine:
 
     def check_all(self, items: ApprovalItems | Sequence[Any], *, principal: str,
                   session: str | None = None, catalog: CurrentDefinitions | None = None,
-                  turn: TurnAllowlist | None | Literal[False] = False,
+                  turn: TurnAllowlist | None | Literal[False],
                   history_calls: Collection[str] | None = None) -> list[CheckedAnswer]:
         """Check every ``elicitation_response`` as :meth:`resolve_all` does, changing nothing:
         the checked answers in input order, or :class:`ApprovalInputError` for the first bad one."""
@@ -293,6 +298,32 @@ class ApprovalEngine:
             ping()
 
     # ------------------------------------------------------------------------------ grants
+
+    def matching_grants(self, call: ProposedCall, *, principal: str, session: str | None,
+                        now: float, arguments_digest: str | None = None,
+                        unbound_only: bool = False) -> Iterator[Grant]:
+        """The store's live grants for ``call`` (see :meth:`GrantStore.find_grants`), lazily: those
+        under today's digests first, then those a server stored under the rule before RFC 8785
+        (asked for only when the caller reads on). ``unbound_only``: only grants not bound to
+        arguments. ``arguments_digest``: the call's, when the caller has it already."""
+        def find(definition: str, arguments: str) -> list[Grant]:
+            return self.store.find_grants(subject=principal, session=session,
+                                          identity=call.identity, definition_digest=definition,
+                                          arguments_digest=arguments, now=now)
+
+        today = _NO_ARGUMENTS if unbound_only else (
+            arguments_digest or compute_arguments_digest(call.arguments))
+        yield from find(call.definition_digest, today)
+        earlier = _NO_ARGUMENTS if unbound_only else legacy_arguments_digest(call.arguments)
+        # a stored pair of today's definition digest and an earlier arguments digest exists only
+        # where both rules give the definition one digest (a grant minted from an earlier record)
+        definitions = [call.definition_digest,
+                       legacy_definition_digest(call.spec) if call.spec is not None else None]
+        asked = {(call.definition_digest, today)}
+        for definition in definitions:
+            if definition is not None and earlier is not None and (definition, earlier) not in asked:
+                asked.add((definition, earlier))
+                yield from find(definition, earlier)
 
     def revoke(self, grant_id: str, *, reason: str | None = None, now: float | None = None) -> bool:
         """Revoke a grant (effective for every later proposal, in every process sharing the store)."""

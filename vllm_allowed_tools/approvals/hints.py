@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..request import ToolIdentity
 from .errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError
 from .scopes import SCOPES, canonical_scopes
 
-if TYPE_CHECKING:
-    from .policy import ApprovalPolicy
+
+
+class HintJudge(Protocol):
+    """What :func:`check_hints` needs of the operator's policy (:class:`.policy.ApprovalPolicy`):
+    a hint combined with the rule for a tool, exactly as a call would be."""
+
+    def effective(self, identity: ToolIdentity, hint: Any, *, hint_param: str) -> Any: ...
 
 __all__ = ["approval_hint", "check_hints", "parse_hint"]
 
@@ -66,7 +71,7 @@ def parse_hint(hint: Any, *, param: str = "approval") -> dict[str, Any]:
     return out
 
 
-def check_hints(body: Mapping[str, Any], policy: ApprovalPolicy) -> None:
+def check_hints(body: Mapping[str, Any], policy: HintJudge) -> None:
     """Validate every tool definition's ``approval`` object in a request, before any generation.
 
     Otherwise a hint is first read when the model calls its tool, in the middle of the response,

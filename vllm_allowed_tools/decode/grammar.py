@@ -27,6 +27,7 @@ from xgrammar.structural_tag import (
 from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
 from .json_string import ebnf_text
 from .stage import tag_digest
+from .vllm_builder import vllm_tag_builder
 
 Mode = Literal["auto", "required"]
 
@@ -148,29 +149,11 @@ def _renamed(tag: StructuralTag, rename: Sequence[tuple[str, str]]) -> Structura
     return StructuralTag.model_validate(visit(tag.model_dump()))
 
 
-#: where a ``vllm`` grammar is built: vLLM's own builders, reached through the vLLM glue (this
-#: module imports no vLLM), which registers the function on import
-_VLLM_BUILDER: Callable[..., StructuralTag | None] | None = None
-
-
-def register_vllm_tag_builder(builder: Callable[..., StructuralTag | None]) -> None:
-    """Called by :mod:`vllm_allowed_tools.vllm_glue.vllm_tags` with its builder."""
-    global _VLLM_BUILDER
-    _VLLM_BUILDER = builder
-
-
 def _vllm_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
-    """vLLM's own builder for ``spec.vllm_model``, given only the allowed functions."""
-    if _VLLM_BUILDER is None:
-        import importlib
-        try:
-            importlib.import_module("vllm_allowed_tools.vllm_glue.vllm_tags")
-        except ImportError as exc:
-            raise ValueError(f"the {spec.vllm_model!r} grammar is vLLM's own builder: install vLLM "
-                             f"to build it ({exc})") from None
-    assert _VLLM_BUILDER is not None
-    return _VLLM_BUILDER(spec.vllm_model, turn.functions, turn.mode, turn.parallel, turn.strict_level,
-                         turn.max_whitespace)
+    """vLLM's own builder for ``spec.vllm_model``, given only the allowed functions (lent by the
+    plugin: :mod:`.vllm_builder`)."""
+    return vllm_tag_builder()(spec.vllm_model, turn.functions, turn.mode, turn.parallel,
+                              turn.strict_level, turn.max_whitespace)
 
 
 def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
@@ -335,8 +318,8 @@ _TAGS = _LRU(capacity=512)
 _NONE = object()
 
 
-def allowed_subset_tag(key: GrammarKey,
-                       functions: Callable[[], Sequence[AllowedFunction]]) -> BuiltTag | None:
+def cached_subset_tag(key: GrammarKey,
+                      functions: Callable[[], Sequence[AllowedFunction]]) -> BuiltTag | None:
     """The built tag for ``key``; ``functions`` (the allowed subset) is only called on a miss.
 
     The cached tag is shared: callers must not mutate it (vLLM's ``limit_to_single_tool_call`` is
@@ -357,7 +340,7 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
                           max_whitespace: int | None = None) -> BuiltTag | None:
     """The grammar for a request body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls``,
     for callers without our server (vLLM's offline ``LLM``): pass the result through
-    :func:`vllm_allowed_tools.decode.stage.constraint_extra_args` into ``SamplingParams.extra_args``.
+    :func:`vllm_allowed_tools.decode.split.constraint_extra_args` into ``SamplingParams.extra_args``.
 
     Raises InvalidSelectionError (naming the field) exactly as the server's 400 would; None when the
     body selects no allowlist (plain choices are vLLM's own business)."""
@@ -383,7 +366,7 @@ def turn_tag(wire_format: str, functions: Sequence[AllowedFunction], *, catalog_
                      parallel_tool_calls=parallel_tool_calls,
                      strict_names=frozenset(f.name for f in functions if f.strict is True),
                      strict_level=strict_level, max_whitespace=max_whitespace)
-    return allowed_subset_tag(key, lambda: functions)
+    return cached_subset_tag(key, lambda: functions)
 
 
 def tag_cache_stats() -> tuple[int, int, int]:

@@ -17,6 +17,14 @@ from dataclasses import dataclass
 
 from ..formats import wire_format
 from .grammar import STRICT_FUNCTION, STRICT_PARAMETER, AllowedFunction, BuiltTag, Mode, turn_tag
+from .stage import (
+    XARGS_CATALOG,
+    XARGS_CATALOG_DIGEST,
+    XARGS_DIGEST,
+    XARGS_ENVELOPE,
+    XARGS_ENVELOPE_DIGEST,
+    XARGS_TAG,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +47,15 @@ class SplitTags:
 
     def extra_args(self) -> dict[str, str]:
         """The request arguments that carry the split (next to the whole tag's)."""
-        from .stage import XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST
         return {XARGS_CATALOG: self.catalog.json, XARGS_CATALOG_DIGEST: self.catalog.digest,
                 XARGS_ENVELOPE: self.envelope.json, XARGS_ENVELOPE_DIGEST: self.envelope.digest}
+
+
+def constraint_extra_args(tag: BuiltTag, split: SplitTags | None = None) -> dict[str, str]:
+    """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
+    logits-processor stage constrains the request with ``tag``; ``split`` (the same grammar as
+    catalog + envelope, :func:`split_tags`) spares a new subset the compile of ``tag``."""
+    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest, **(split.extra_args() if split else {})}
 
 
 def split_tags(wire_format_name: str, catalog: Sequence[AllowedFunction],

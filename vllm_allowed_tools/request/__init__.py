@@ -4,8 +4,9 @@ the request so vLLM renders a stable catalog and the parser sees the allowlist.
 Other parts of the package import these names from here, never from the modules below."""
 from .allowlist import Choice, TurnAllowlist, resolve_allowlist, resolve_callable_catalog
 from .catalog import Api, catalog_digest
+from .digest import NotCanonicalJSON, canonical_json_bytes, text_digest, value_digest
 from .identity import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity, flat_name, function_digest
-from .json_text import NotStrictJSON, canonical_json, strict_json_loads
+from .json_text import NotStrictJSON, strict_json_loads
 from .selection import Mode
 
 __all__ = [
@@ -14,14 +15,17 @@ __all__ = [
     "Choice",
     "FunctionSpec",
     "Mode",
+    "NotCanonicalJSON",
     "NotStrictJSON",
     "ToolIdentity",
     "TurnAllowlist",
-    "canonical_json",
+    "canonical_json_bytes",
     "catalog_digest",
     "flat_name",
     "function_digest",
     "resolve_allowlist",
     "resolve_callable_catalog",
     "strict_json_loads",
+    "text_digest",
+    "value_digest",
 ]

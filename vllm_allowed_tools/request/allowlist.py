@@ -8,11 +8,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..call_filter import CallFilter, CallKind
 from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError
 from ..metrics import record_invalid_selection
 from .catalog import Api, Catalog, index_by_flat_name, parse_catalog, specs_digest
 from .identity import FunctionSpec, ToolIdentity
-from .json_text import canonical_json, copy_json, sha256_text
+from .digest import value_digest
+from .json_text import copy_json
 from .messages import is_name, malformed, type_name
 from .selection import Mode, read_selection
 
@@ -25,7 +27,7 @@ _PLAIN_CHOICES = ("none", "auto", "required")
 
 
 @dataclass(frozen=True)
-class TurnAllowlist:
+class TurnAllowlist(CallFilter):
     """Catalog + allowlist of one request; immutable, cheap to hash into caches by its digests.
 
     ``allowed`` is None for plain choices (no allowlist), a single identity for ``named``, and
@@ -75,6 +77,14 @@ class TurnAllowlist:
         """The catalog function the model means by ``flat_name`` (exact match, never split)."""
         return self._by_flat.get(flat_name)  # type: ignore[union-attr]
 
+    def allows(self, kind: CallKind, name: str | None) -> bool:
+        """Functions per :meth:`is_allowed`; custom and built-in tools never: an allowlist names
+        functions only (the selection refuses any other entry)."""
+        return kind == "function" and name is not None and self.is_allowed(name)
+
+    def knows(self, kind: CallKind, name: str) -> bool | None:
+        return self.lookup(name) is not None if kind == "function" else None
+
     def is_allowed(self, flat_name: str) -> bool:
         """May the model call ``flat_name`` this turn? Unknown names and choice ``none``: never."""
         if self.choice == "none":
@@ -119,8 +129,8 @@ def allowlist_digest(choice: str, mode: str | None, allowed: frozenset[ToolIdent
     """Digest of (choice, sorted allowed identities, mode, parallel): a grammar cache key part."""
     identities = (None if allowed is None
                   else [i.as_json() for i in sorted(allowed, key=ToolIdentity.sort_key)])
-    return sha256_text(canonical_json({"choice": choice, "mode": mode, "allowed": identities,
-                                       "parallel_tool_calls": bool(parallel_tool_calls)}))
+    return value_digest({"choice": choice, "mode": mode, "allowed": identities,
+                         "parallel_tool_calls": bool(parallel_tool_calls)})
 
 
 def _turn_allowlist(api: Api, catalog: Catalog, choice: Choice, mode: Mode | None,

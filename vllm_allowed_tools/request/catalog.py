@@ -12,7 +12,7 @@ from typing import Any, Literal, NoReturn
 
 from ..errors import CODE_INVALID_TOOLS, InvalidSelectionError
 from .identity import FunctionSpec, ToolIdentity, flat_name
-from .json_text import canonical_json, sha256_text
+from .digest import value_digest
 from .messages import ABSENT, is_name, malformed, quote, type_name
 from .resolver import NameResolver
 
@@ -31,7 +31,7 @@ def index_by_flat_name(specs: Sequence[FunctionSpec]) -> dict[str, FunctionSpec]
 
 def specs_digest(specs: Sequence[FunctionSpec]) -> str:
     """The catalog digest: independent of order, changes with any function's digest."""
-    return sha256_text(canonical_json(sorted(spec.digest for spec in specs)))
+    return value_digest(sorted(spec.digest for spec in specs))
 
 
 #: (key, accepted types, what the message asks for) of a function definition's optional fields

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .json_text import canonical_json, sha256_text
+from .digest import value_digest
 
 __all__ = ["NAMESPACE_SEPARATOR", "FunctionSpec", "ToolIdentity", "flat_name", "function_digest"]
 
@@ -59,7 +59,7 @@ class ToolIdentity:
 class FunctionSpec:
     """One validated function definition of the catalog.
 
-    ``digest`` binds identity, description and parameters (canonical JSON), so approvals and grammar
+    ``digest`` binds identity, description and parameters (RFC 8785), so approvals and grammar
     caches can tell definitions apart; ``strict`` is per-request noise and not part of it.
     ``parameters`` is shared by every request with the same catalog (catalogs are cached), so treat
     it as read-only.
@@ -100,6 +100,8 @@ class FunctionSpec:
 
 def function_digest(identity: ToolIdentity, description: str | None,
                     parameters: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON of (identity, description, parameters)."""
-    return sha256_text(canonical_json({"namespace": identity.namespace, "name": identity.name,
-                                       "description": description, "parameters": parameters}))
+    """Hex SHA-256 of the RFC 8785 JSON of the object ``{"namespace", "name", "description",
+    "parameters"}`` (a top-level function's namespace and a missing description are null): the
+    tool definition digest approvals publish (``docs/approvals.md``, "Digests")."""
+    return value_digest({"namespace": identity.namespace, "name": identity.name,
+                         "description": description, "parameters": parameters})

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import CODE_INVALID_TOOLS, InvalidSelectionError
-from .json_text import canonical_json
 
 __all__ = ["ABSENT", "is_name", "malformed", "names_list", "quote", "type_name"]
 
@@ -23,24 +22,18 @@ ABSENT: Any = _Absent()
 
 
 def quote(value: Any) -> str:
-    """A client value for an error message, truncated so one huge name cannot bloat the error."""
+    """A client value for an error message (compact JSON with sorted keys, or its ``repr`` when it
+    is not JSON), truncated so one huge name cannot bloat the error."""
     if isinstance(value, str):
         text = value
-    elif _jsonable(value):
-        text = canonical_json(value)
     else:
-        text = repr(value)
+        try:
+            text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError, RecursionError):
+            text = repr(value)
     if len(text) > _MAX_QUOTED_CHARS:
         text = text[:_MAX_QUOTED_CHARS] + "..."
     return f"'{text}'"
-
-
-def _jsonable(value: Any) -> bool:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        return False
-    return True
 
 
 def type_name(value: Any) -> str:

@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..call_filter import CallFilter, CallKind
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
@@ -39,7 +40,7 @@ def allowlist_to_wire(allowlist: TurnAllowlist) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class WireAllowlist:
+class WireAllowlist(CallFilter):
     """What the vLLM-side code (parsers, guard) needs to know about a turn's allowlist."""
     mode: str
     allowed: frozenset[str]
@@ -60,6 +61,13 @@ class WireAllowlist:
 
     def is_allowed(self, flat_name: str | None) -> bool:
         return flat_name is not None and flat_name in self.allowed
+
+    def allows(self, kind: CallKind, name: str | None) -> bool:
+        """Functions of the allowlist only (it names no other kind)."""
+        return kind == "function" and self.is_allowed(name)
+
+    def knows(self, kind: CallKind, name: str) -> bool | None:
+        return name in self.catalog if kind == "function" else None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from ..call_filter import CallFilter, CallKind
 from ..request import flat_name
 
 
@@ -49,7 +50,7 @@ BUILTIN_CALLS: dict[str, frozenset[str]] = {
 }
 
 
-class AllowedNames:
+class AllowedNames(CallFilter):
     """"Catalog only": every catalog function (flat name) may be called, anything else may not.
 
     For plain requests (``auto`` / ``required`` / named without ``allowed_tools``): the guard still
@@ -65,15 +66,22 @@ class AllowedNames:
         self.custom_names = frozenset(custom_names)
         self.builtin_types = frozenset(builtin_types)
 
+    def allows(self, kind: CallKind, name: str | None) -> bool:
+        """A function or custom tool the request offers; a built-in tool's call (``name``: its
+        item type, ``web_search_call``, ...) only where the request offered that tool."""
+        if name is None:
+            return False
+        if kind == "function":
+            return name in self.catalog
+        if kind == "custom":
+            return name in self.custom_names
+        return bool(BUILTIN_CALLS.get(name, frozenset()) & self.builtin_types)
+
+    def knows(self, kind: CallKind, name: str) -> bool | None:
+        return name in self.catalog if kind == "function" else None
+
     def is_allowed(self, flat_name: str | None) -> bool:
-        return flat_name is not None and flat_name in self.catalog
-
-    def is_custom_allowed(self, name: str | None) -> bool:
-        return name is not None and name in self.custom_names
-
-    def is_builtin_allowed(self, call_type: str | None) -> bool:
-        """A built-in tool's call (``web_search_call``, ...) only where the request offered it."""
-        return bool(BUILTIN_CALLS.get(call_type or "", frozenset()) & self.builtin_types)
+        return self.allows("function", flat_name)
 
     @classmethod
     def from_request(cls, body: Mapping[str, Any], api: str) -> AllowedNames:

@@ -13,7 +13,6 @@ from .violations import (
     AllowedToolsViolation,
     CallFilter,
     arguments_violation,
-    is_call_allowed,
     record_reason,
     refusal,
     required_violation,
@@ -163,7 +162,7 @@ class ChatStreamGuard:
             if state.decided or not is_complete(key):
                 continue
             name = "".join(state.name) or None
-            if not is_call_allowed(self.call_filter, name, state.kind):
+            if not self.call_filter.allows(state.kind, name):
                 return self._fail(name, state.kind)
             state.decided = True
         return None

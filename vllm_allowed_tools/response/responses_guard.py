@@ -17,7 +17,6 @@ from .violations import (
     ArgumentsRefusal,
     CallFilter,
     arguments_violation,
-    is_call_allowed,
     record_reason,
     refusal,
 )
@@ -130,7 +129,7 @@ class ResponsesStreamGuard:
         if state != "named":
             return []
         flat = flat_name(name, namespace)
-        if not is_call_allowed(self.call_filter, flat, kind):
+        if not self.call_filter.allows(kind, flat):
             return self._fail(flat, kind)
         held, self._held, self._pending = self._held, None, None
         self._named[index] = flat
@@ -182,7 +181,7 @@ class ResponsesStreamGuard:
             return self._added(event)
         if kind == "response.function_call_arguments.done":
             name = flat_name(event.get("name"), self._namespaces.get(index))
-            if event.get("name") and not is_call_allowed(self.call_filter, name, "function"):
+            if event.get("name") and not self.call_filter.allows("function", name):
                 return self._fail(name, "function")
             return self._arguments(event, name or self._call_names.get(index),
                                    event.get("arguments"))
@@ -190,7 +189,7 @@ class ResponsesStreamGuard:
             item = event.get("item")
             identity = item_identity(item) if isinstance(item, Mapping) else None
             judged = identity is not None and (identity[1] is not None or index not in self._named)
-            if judged and not is_call_allowed(self.call_filter, identity[1], identity[0]):  # type: ignore[index]
+            if judged and not self.call_filter.allows(identity[0], identity[1]):  # type: ignore[index]
                 return self._fail(identity[1], identity[0])  # type: ignore[index]
             if identity is not None and item.get("type") == "function_call":  # type: ignore[union-attr]
                 return self._arguments(event, identity[1] or self._call_names.get(index),
@@ -279,7 +278,7 @@ class ResponsesStreamGuard:
                 self._held = [event]
                 self._pending = (index, item.get("id"), item.get("namespace"), call_kind)
                 return []
-            if name is not None and not is_call_allowed(self.call_filter, name, call_kind):
+            if name is not None and not self.call_filter.allows(call_kind, name):
                 return self._fail(name, call_kind)
             self._called = True
             if item.get("type") == "function_call":

@@ -15,7 +15,6 @@ from .violations import (
     AllowedToolsViolation,
     CallFilter,
     arguments_violation,
-    is_call_allowed,
     record_reason,
     refusal,
     required_violation,
@@ -47,7 +46,7 @@ def close_cut_call(body: Any, contract: OutputContract = NAMES_ONLY) -> bool:
     return True
 
 
-def responses_violation(body: Any, call_filter: Any, source: str, *, public_name: bool,
+def responses_violation(body: Any, call_filter: CallFilter, source: str, *, public_name: bool,
                         contract: OutputContract = NAMES_ONLY,
                         called: bool = False) -> AllowedToolsViolation | None:
     """The violation of a Responses object's ``output``, else None: the first refused call, then
@@ -58,7 +57,7 @@ def responses_violation(body: Any, call_filter: Any, source: str, *, public_name
     items = [item for item in (output if isinstance(output, list) else ()) if isinstance(item, Mapping)]
     identities = [(item, item_identity(item)) for item in items]
     for _, identity in identities:
-        if identity is not None and not is_call_allowed(call_filter, identity[1], identity[0]):
+        if identity is not None and not call_filter.allows(identity[0], identity[1]):
             return refusal(call_filter, identity[1], identity[0], source, public_name=public_name)
     cut = cut_call(body, contract)
     for item in items:
@@ -85,7 +84,7 @@ def check_responses_object(body: Mapping[str, Any], call_filter: CallFilter, *,
                            source: str = "unary_guard",
                            contract: OutputContract = NAMES_ONLY) -> bool:
     """Raise :class:`AllowedToolsViolation` if a Responses object's ``output`` holds a refused call
-    (``function_call`` by flat name; ``custom_tool_call`` per ``is_custom_allowed``), refused
+    (``function_call`` by flat name; ``custom_tool_call`` per the filter's ``allows("custom", name)``), refused
     arguments, or no call where ``contract`` requires one. Returns True when it marked the call an
     incomplete object was cut inside as incomplete (:func:`close_cut_call`): the body changed."""
     violation = responses_violation(body, call_filter, source, public_name=True, contract=contract)
@@ -109,7 +108,7 @@ def _chat_calls(message: Mapping[str, Any]) -> list[tuple[str, str | None, Any]]
     return found
 
 
-def chat_choice_violation(choice: Mapping[str, Any], call_filter: Any, source: str, *,
+def chat_choice_violation(choice: Mapping[str, Any], call_filter: CallFilter, source: str, *,
                           contract: OutputContract) -> AllowedToolsViolation | None:
     """The violation of one ``choices[]`` entry of a chat completion, else None. A choice cut by
     the token limit (``finish_reason: "length"``) need not call, and its last call's arguments may
@@ -119,7 +118,7 @@ def chat_choice_violation(choice: Mapping[str, Any], call_filter: Any, source: s
         return None
     calls = _chat_calls(message)
     for kind, name, _ in calls:
-        if not is_call_allowed(call_filter, name, kind):
+        if not call_filter.allows(kind, name):
             return refusal(call_filter, name, kind, source, public_name=True)
     length = choice.get("finish_reason") == "length"
     for position, (kind, name, arguments) in enumerate(calls):

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
-
+from ..call_filter import CallFilter, CallKind
 from ..errors import AllowedToolsError
 from ..metrics import record_backstop
 
@@ -24,15 +23,6 @@ CUSTOM_INPUT_INVALID = "custom_input_invalid"
 
 STREAM_MESSAGE = ("The model produced a tool call outside this turn's allowed tools. The call was "
                   f"withheld and the response stopped (allowed_tools_violation). {ON_RETRY}")
-
-
-@runtime_checkable
-class CallFilter(Protocol):
-    """What the guard needs to judge a call. WireAllowlist, TurnAllowlist and AllowedNames satisfy it.
-    A filter may also say why it refuses a name: ``refusal_message(name, public_name=...)`` returns
-    the error text, or None for the usual one."""
-
-    def is_allowed(self, flat_name: str | None) -> bool: ...
 
 
 class AllowedToolsViolation(AllowedToolsError):
@@ -74,41 +64,23 @@ def record_reason(violation: AllowedToolsViolation) -> None:
         record_backstop(violation.reason)
 
 
-def is_call_allowed(call_filter: Any, name: str | None, kind: str) -> bool:
-    """Whether ``call_filter`` lets a call of ``kind`` (``function`` / ``custom`` / ``builtin``)
-    named ``name`` out. A filter that cannot judge custom or built-in calls refuses them: an
-    allowlist never names a built-in tool (the selection refuses one), so a turn with an allowlist
-    lets none out."""
-    if kind in ("custom", "builtin"):
-        check = getattr(call_filter, f"is_{kind}_allowed", None)
-        return bool(check(name)) if callable(check) and name is not None else False
-    return name is not None and bool(call_filter.is_allowed(name))
-
-
-def _refusal_reason(call_filter: Any, name: str | None, kind: str) -> str:
+def _refusal_reason(call_filter: CallFilter, name: str | None, kind: CallKind) -> str:
     if name is None:
         return "has no name"
     if kind == "custom":
         return "is a custom tool, which this turn's policy does not allow"
     if kind == "builtin":
         return "is a built-in tool, which this turn's policy does not allow"
-    catalog = getattr(call_filter, "catalog", None)
-    known: bool | None = None
-    if isinstance(catalog, (set, frozenset)):
-        known = name in catalog
-    elif callable(getattr(call_filter, "lookup", None)):
-        known = call_filter.lookup(name) is not None
-    if known is False:
+    if call_filter.knows(kind, name) is False:
         return "is not in the request's tool catalog"
     return "is not in this turn's allowed tools"
 
 
-def refusal(call_filter: Any, name: str | None, kind: str, source: str, *,
+def refusal(call_filter: CallFilter, name: str | None, kind: CallKind, source: str, *,
             public_name: bool) -> AllowedToolsViolation:
     """The violation for a refused call; ``public_name``: the message may name the tool (a unary
     answer); a streamed message never does (the name is a byte of the withheld call)."""
-    explain = getattr(call_filter, "refusal_message", None)
-    message = explain(name, public_name=public_name) if callable(explain) else None
+    message = call_filter.refusal_message(kind, name, public_name=public_name)
     if message is None and public_name:
         shown = repr(name) if name is not None else "(unnamed)"
         message = (f"The model produced a call to {kind} tool {shown}, which "

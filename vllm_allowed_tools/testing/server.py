@@ -58,7 +58,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment vLLM's CPU build needs (see README, "CPU notes")."""
+    """The environment vLLM's CPU build needs (docs/install.md, "The CPU build's fixes")."""
     env = dict(os.environ if base is None else base)
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -84,8 +84,10 @@ MODEL_TEMPLATE = "model"
 
 def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: str = DEFAULT_PARSER,
                    extra_args: Sequence[str] = (), vanilla: bool = False,
-                   chat_template: str | Path | None = None, one_flag: bool = False) -> list[str]:
-    """``vllm serve`` with the plugin (vLLM's CLI entry, called with this interpreter).
+                   chat_template: str | Path | None = None, one_flag: bool = False,
+                   python: str | None = None) -> list[str]:
+    """``vllm serve`` with the plugin (vLLM's CLI entry, called with `python`: this interpreter
+    when None, another environment's to serve what is installed there, e.g. a built wheel).
 
     ``chat_template``: None serves the bundled template of ``parser``; a path serves that file;
     :data:`MODEL_TEMPLATE` passes no ``--chat-template`` (the tokenizer's own template).
@@ -101,7 +103,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         chat_template = template_for_parser(parser) or MODEL_TEMPLATE
     template = [] if str(chat_template) == MODEL_TEMPLATE else ["--chat-template", str(chat_template)]
     return [
-        sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; "
+        python or sys.executable, "-c", "import sys; from vllm.entrypoints.cli.main import main; "
         "sys.argv[0] = 'vllm'; sys.exit(main())",
         "serve", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
         "--host", host, "--port", str(port),
@@ -223,8 +225,14 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
                  parser: str = DEFAULT_PARSER, extra_args: Sequence[str] = (),
                  log_path: Path | None = None, timeout: float = 300.0,
                  env: dict[str, str] | None = None, vanilla: bool = False,
-                 chat_template: str | Path | None = None, one_flag: bool = False) -> TinyServer:
-    """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError)."""
+                 chat_template: str | Path | None = None, one_flag: bool = False,
+                 python: str | None = None, cwd: Path | None = None) -> TinyServer:
+    """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError).
+
+    `python`: the interpreter vLLM runs under (None: this one); `cwd`: the server's working
+    directory, which its ``python -c`` puts first on ``sys.path`` (None: ours; pass a folder
+    outside a source checkout when `python` must import an installed copy of the package).
+    """
     from .tiny_model import validate_model_dir
 
     validate_model_dir(model_dir)
@@ -238,9 +246,9 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     environment = server_environment(env)
     environment.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
     process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args, vanilla,
-                                              chat_template, one_flag),
+                                              chat_template, one_flag, python),
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               env=environment, preexec_fn=_die_with_parent)
+                               env=environment, cwd=cwd, preexec_fn=_die_with_parent)
     server = TinyServer(process=process, host=host, port=port, log_path=Path(log_path), _log=log)
     started = time.monotonic()
     try:

@@ -8,8 +8,8 @@ attention supports, 32K positions so a real client's ~20K-token prompt fits):
   own chat template in which the assistant calls a tool from the prompt's catalog, ignoring the
   turn's policy block. It emits well-formed hermes calls, most of them to tools a 2-of-8 allowlist
   does not allow: that is what makes auto-mode enforcement tests meaningful.
-* ``thinking``: trained like tool-happy, but every assistant turn it writes opens with a short
-  reasoning block, ``<think>\n<a few words>\n</think>\n\n``, then calls (or answers). ``<think>``
+* ``thinking``: tool-happy's weights fine-tuned for a few more steps so that every assistant turn
+  it writes opens with a short reasoning block, ``<think>\n<a few words>\n</think>\n\n``, then calls (or answers). ``<think>``
   and ``</think>`` are single added tokens, as in Qwen3, so vLLM's ``qwen3`` reasoning parser (which
   looks them up in the vocabulary) separates the reasoning; earlier turns are trained as our
   template renders them, without their reasoning. Serve it with ``--reasoning-parser qwen3``.
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -35,11 +36,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..devtools.render import load_template, render_chat
-from .tool_pool import POOL, PoolTool, sample_catalog
+from . import transcripts
+from .tool_pool import POOL, sample_catalog
+from .transcripts import USER_ASKS, assistant_spans, render_training_text
 
 FLAVOURS = ("random", "tool-happy", "thinking")
 TRAINED_FLAVOURS = ("tool-happy", "thinking")
-BUILDER_VERSION = "3"   # bump when the recipe changes, so cached models are rebuilt
+BUILDER_VERSION = "4"   # bump when the recipe changes, so cached models are rebuilt
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                 "<think>", "</think>", "<tools>", "</tools>"]
@@ -50,87 +53,11 @@ _PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
 VOCAB_SIZE = 2048
 MARKER_FILE = "vllm_allowed_tools_model.json"
 TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "700"))
-
-_USER_ASKS = ["Help me with this.", "Can you take care of it?", "Do the next step.", "Go ahead.",
-              "What now?", "Please handle my request.", "I need something done.", "Continue."]
-# the thinking flavour's reasoning: a few words before a call or a text (naming no tool: the name is
-# chosen in the call, where its first token is weighted, as for tool-happy)
-_THOUGHTS_BEFORE_CALL = ["A tool can do this.", "Let me use a tool.", "I need to call a tool.",
-                         "The user wants an action.", "I will pick a tool."]
-_THOUGHTS_BEFORE_TEXT = ["The tool answered.", "That worked.", "Nothing more to call."]
-
+# thinking starts from tool-happy's weights: learning to open with a reasoning block takes a few steps
+THINKING_STEPS = 120
 
 class TinyModelError(RuntimeError):
     """A tiny-model folder is missing, incomplete or not ours; the message says how to fix it."""
-
-
-# --------------------------------------------------------------------------- transcripts
-
-def _conversation(rng: random.Random, catalog: list[PoolTool]) -> tuple[list[dict], dict | None]:
-    """A transcript ending in an assistant call, and an optional (ignored) tail policy block."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful agent."}]
-    for round_index in range(rng.choice([1, 1, 2, 3])):
-        target = rng.choice(catalog)
-        if rng.random() < 0.5:
-            messages.append({"role": "user", "content": f"Please use {target.name}."})
-        else:
-            messages.append({"role": "user", "content": rng.choice(_USER_ASKS)})
-        call_id = f"call_{round_index}"
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": call_id, "type": "function",
-             "function": {"name": target.name, "arguments": target.random_arguments(rng)}}]})
-        if round_index >= 0:
-            messages.append({"role": "tool", "tool_call_id": call_id,
-                             "content": json.dumps({"ok": True})})
-            messages.append({"role": "assistant", "content": "Done."})
-    # drop the last "Done." so most transcripts end on a call, and sometimes on text after a result
-    if rng.random() < 0.8:
-        messages.pop()
-        messages.pop()
-    policy = None
-    if rng.random() < 0.5:
-        names = [tool.name for tool in rng.sample(catalog, min(2, len(catalog)))]
-        policy = {"mode": rng.choice(["auto", "required"]), "names": names}
-    return messages, policy
-
-
-def _with_reasoning(rng: random.Random, message: dict[str, Any]) -> dict[str, Any]:
-    """The assistant turn the thinking flavour writes: a short reasoning block, then the turn."""
-    if message.get("tool_calls"):
-        # the template puts one newline between content and a call: "</think>\n\n<tool_call>"
-        return {**message, "content": f"<think>\n{rng.choice(_THOUGHTS_BEFORE_CALL)}\n</think>\n"}
-    return {**message, "content": f"<think>\n{rng.choice(_THOUGHTS_BEFORE_TEXT)}\n</think>\n\n"
-                                  f"{message['content']}"}
-
-
-def render_training_text(rng: random.Random, catalog: list[PoolTool], thinking: bool = False) -> str:
-    """One transcript as the template renders it; ``thinking``: its last assistant turn reasons first
-    (the template renders the reasoning of earlier turns nowhere, so they have none)."""
-    messages, policy = _conversation(rng, catalog)
-    if thinking:
-        messages[-1] = _with_reasoning(rng, messages[-1])
-    tools = [tool.chat_tool() for tool in catalog]
-    # The policy block is rendered only at the tail (that is where the server puts it), so render the
-    # history with the block and the final assistant turn appended as plain text.
-    last = messages[-1]
-    prompt = render_chat(messages[:-1], tools, add_generation_prompt=True,
-                         allowed_tools_policy=policy)
-    tail = render_chat([last], None, add_generation_prompt=False)
-    assert tail.startswith("<|im_start|>assistant\n")
-    return prompt + tail[len("<|im_start|>assistant\n"):]
-
-
-def _assistant_spans(text: str) -> Iterator[tuple[int, int]]:
-    """Character spans the model should learn: every assistant turn's content and its <|im_end|>."""
-    marker, end = "<|im_start|>assistant\n", "<|im_end|>"
-    start = text.find(marker)
-    while start != -1:
-        content_start = start + len(marker)
-        stop = text.find(end, content_start)
-        if stop == -1:
-            break
-        yield content_start, stop + len(end)
-        start = text.find(marker, stop)
 
 
 # --------------------------------------------------------------------------- tokenizer
@@ -192,8 +119,8 @@ def _config(tokenizer_dir: Path):
 
 
 def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
-           thinking: bool = False) -> dict[str, Any]:
-    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size).
+           thinking: bool = False, curriculum: bool = True, peak_lr: float = 5e-3) -> dict[str, Any]:
+    """Teach the model to emit hermes calls to catalog tools (``curriculum``: over catalog size).
     ``thinking``: earlier turns have no reasoning, so their first token is left out of the loss."""
     import torch
     from tokenizers import Tokenizer
@@ -202,13 +129,13 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     rng = random.Random(seed)
-    batch_size, peak_lr, warmup = 16, 5e-3, 20
+    batch_size, warmup = 16, min(20, max(1, steps // 6))
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
     model.train()
     started = time.monotonic()
     for step in range(steps):
         # curriculum: the largest catalog grows from 2 to 8 tools over the first half of training
-        max_k = 2 + min(6, int(12 * step / max(1, steps)))
+        max_k = 2 + min(6, int(12 * step / max(1, steps))) if curriculum else 8
         k = rng.randint(2, max_k) if rng.random() < 0.5 else max_k
         ids_batch, weight_batch = [], []
         for _ in range(batch_size):
@@ -216,7 +143,7 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
             text = render_training_text(rng, catalog, thinking)
             encoding = tok.encode(text)
             weights = [0.0] * len(encoding.ids)
-            spans = list(_assistant_spans(text))
+            spans = list(assistant_spans(text))
             unscored = {start for start, _ in spans[:-1]} if thinking else set()
             name_starts = [m.end() for m in re.finditer(r'\{"name": "', text)
                            if any(a <= m.start() < b for a, b in spans)]
@@ -290,37 +217,62 @@ def recipe_digest(flavour: str, seed: int, steps: int) -> str:
     """Identifies everything the model depends on, so a cached build is reused only when valid."""
     digest = hashlib.sha256()
     digest.update(f"{BUILDER_VERSION}|{flavour}|{seed}|{steps}|".encode())
+    if flavour == "thinking":   # fine-tuned from tool-happy: its recipe is part of this one
+        digest.update(recipe_digest("tool-happy", seed, TRAIN_STEPS).encode())
     digest.update(load_template("hermes").encode())
-    digest.update(Path(__file__).read_bytes())
+    # the code that makes the weights (not the whole module: a change to how the cache is found
+    # does not rebuild the models)
+    for part in (_train_tokenizer, _config, _train, build):
+        digest.update(inspect.getsource(part).encode())
+    digest.update(repr((VOCAB_SIZE, SPECIAL_TOKENS, ADDED_TOKENS, _PRETOKENIZE_REGEX)).encode())
+    digest.update(Path(transcripts.__file__).read_bytes())
     digest.update(json.dumps([(t.name, t.parameters) for t in POOL], sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
+def default_steps(flavour: str) -> int:
+    """Training steps of a flavour's recipe (thinking: on top of tool-happy's)."""
+    return {"tool-happy": TRAIN_STEPS, "thinking": THINKING_STEPS}.get(flavour, 0)
+
+
 def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None = None,
-          log=print) -> Path:
-    """Build a model folder at `out` (atomically: a half-built folder is never left behind)."""
+          log=print, base: Path | None = None) -> Path:
+    """Build a model folder at `out` (atomically: a half-built folder is never left behind).
+    ``base``: the tool-happy folder a thinking model is fine-tuned from (default: the cached one)."""
     if flavour not in FLAVOURS:
         raise TinyModelError(f"unknown flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}")
     import torch
     from transformers import GenerationConfig, Qwen2ForCausalLM
 
-    steps = TRAIN_STEPS if steps is None else steps
+    steps = default_steps(flavour) if steps is None else steps
     out = Path(out)
+    thinking = flavour == "thinking"
+    if thinking and base is None:
+        base = ensure_model("tool-happy", seed, log=log)
     with building(out) as staging:
         rng = random.Random(seed)
-        thinking = flavour == "thinking"
-        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)), thinking)
+        # one tokenizer for every flavour of a seed, so that thinking can start from tool-happy's
+        # weights (the reasoning is plain words and the <think> markers are added tokens)
+        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)))
                   for _ in range(3000)]
-        corpus += [render_chat([{"role": "user", "content": ask}]) for ask in _USER_ASKS]
+        corpus += [render_chat([{"role": "user", "content": ask}]) for ask in USER_ASKS]
         _train_tokenizer(corpus, staging)
         _check_tokenizer_roundtrip(staging, corpus[:50])
         config = _config(staging)
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).float()
-        training = None
-        if flavour in TRAINED_FLAVOURS:
-            log(f"training the {flavour} model ({steps} steps, seed {seed})")
-            training = _train(model, staging, seed, steps, log=log, thinking=thinking)
+        if thinking:
+            if (Path(base) / "tokenizer.json").read_bytes() != (staging / "tokenizer.json").read_bytes():
+                raise TinyModelError(f"{base} was built with another tokenizer; delete it and rebuild")
+            model = Qwen2ForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
+            log(f"fine-tuning {base.name} into the thinking model ({steps} steps, seed {seed})")
+            training = _train(model, staging, seed + 1, steps, log=log, thinking=True,
+                              curriculum=False, peak_lr=2e-3)
+        else:
+            model = Qwen2ForCausalLM(config).float()
+            training = None
+            if flavour in TRAINED_FLAVOURS:
+                log(f"training the {flavour} model ({steps} steps, seed {seed})")
+                training = _train(model, staging, seed, steps, log=log)
         model.save_pretrained(str(staging), safe_serialization=True)
         GenerationConfig(eos_token_id=[config.eos_token_id, config.bos_token_id],
                          pad_token_id=config.pad_token_id).save_pretrained(str(staging))
@@ -358,8 +310,9 @@ def default_cache_dir() -> Path:
 def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None = None,
                  log=print) -> Path:
     """The cached model for (flavour, seed), built if missing or built by an older recipe."""
-    steps = TRAIN_STEPS if flavour in TRAINED_FLAVOURS else 0
+    steps = default_steps(flavour)
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+    base = ensure_model("tool-happy", seed, cache_dir, log) if flavour == "thinking" else None
     path = cache_dir / f"{flavour}-seed{seed}"
     with cache_lock(path):
         try:
@@ -371,7 +324,7 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
             if path.exists():
                 log(f"rebuilding {path}: incomplete")
         log(f"building the {flavour} tiny model in {path}")
-        return build(path, flavour=flavour, seed=seed, steps=steps, log=log)
+        return build(path, flavour=flavour, seed=seed, steps=steps, log=log, base=base)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,7 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavour", choices=FLAVOURS, default="random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
-                        help=f"training steps for {' and '.join(TRAINED_FLAVOURS)} (default {TRAIN_STEPS})")
+                        help=f"training steps (default: tool-happy {TRAIN_STEPS}, "
+                             f"thinking {THINKING_STEPS} on top of tool-happy)")
     args = parser.parse_args(argv)
     try:
         build(args.out, args.flavour, args.seed, args.steps if args.flavour in TRAINED_FLAVOURS else 0)

@@ -25,7 +25,7 @@ from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
 from .capabilities import active_constraint_stage
 from .turn_grammar import (
-    allowed_subset_tag,
+    request_subset_tag,
     function_tools,
     hand_grammar_to_logits_processor,
     plain_request_tag,
@@ -84,7 +84,7 @@ class AllowedToolsMixin:
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
         if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
-        subset_tag = allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
+        subset_tag = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                         max(strict_level, ToolStrictLevel.FUNCTION))
         return subset_tag.tag if subset_tag is not None else None
 
@@ -112,7 +112,7 @@ class AllowedToolsMixin:
         """Required mode of a JSON-array format: the registry's array of allowed calls, on both
         APIs (base parsers set their own only on some: Mistral's on Chat Completions, none on
         Responses, where the model then wrote free text and the turn ended with no call)."""
-        tag = allowed_subset_tag(self.allowed_tools_base_parser, request, allowlist,
+        tag = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                  ToolStrictLevel.FUNCTION)
         if tag is None:
             raise CapabilityError(

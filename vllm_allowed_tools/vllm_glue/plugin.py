@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ..formats import wire_formats
 from .argv import flag_value, flag_values, is_server_command
@@ -51,10 +52,24 @@ def with_our_middleware(argv: Sequence[str], environ: dict[str, str] | None = No
     return [*argv, "--middleware", MIDDLEWARE]
 
 
+def register_tag_builder() -> None:
+    """Lend :mod:`vllm_allowed_tools.decode` vLLM's own structural-tag builders (the ``vllm``
+    grammars), imported on first use so that loading the plugin stays cheap."""
+    from ..decode.vllm_builder import register_vllm_tag_builder
+    register_vllm_tag_builder(_vllm_structural_tag)
+
+
+def _vllm_structural_tag(*args: Any) -> Any:
+    from .vllm_tags import vllm_structural_tag
+    return vllm_structural_tag(*args)
+
+
 def register_parsers() -> list[str]:
     """Register an ``allowed_<base>`` tool parser per wire format with vLLM, lazily (the class is
-    built when vLLM first asks for it); returns the names added (formats registered since the last
-    call). Touches nothing else: ``vllm-allowed-tools check`` registers them this way too."""
+    built when vLLM first asks for it), and vLLM's tag builders with ours; returns the parser names
+    added (formats registered since the last call). Touches nothing else: ``vllm-allowed-tools
+    check`` registers them this way too."""
+    register_tag_builder()
     try:
         from vllm.tool_parsers import ToolParserManager
     except ImportError:  # pragma: no cover - vLLM too old or absent

@@ -69,7 +69,7 @@ def plain_request_tag(wire_format: str, request, strict_level):
                                 strict_level=int(strict_level), max_whitespace=max_json_whitespace())
 
 
-def allowed_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
+def request_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
     """The cached tag for this turn (see grammar.turn_tag)."""
     return turn_tag(wire_format, allowed_functions(request, allowlist),
                     catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,

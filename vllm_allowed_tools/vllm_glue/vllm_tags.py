@@ -3,7 +3,7 @@
 Formats whose grammar vLLM builds itself (GLM's XML arguments, MiniMax's ``<invoke>`` calls) are
 ``vllm`` grammars in the registry: the tag for an allowed subset is exactly the one vLLM's parser
 would build from that subset alone, so a vLLM upgrade that changes the builder changes ours with it.
-Importing this module registers the builder with :mod:`vllm_allowed_tools.decode.grammar`.
+The plugin lends it to :mod:`vllm_allowed_tools.decode` (:func:`.plugin.register_tag_builder`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag, 
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 from xgrammar.structural_tag import JSONSchemaFormat, TagFormat
 
-from ..decode.grammar import STRICT_PARAMETER, AllowedFunction, register_vllm_tag_builder
+from ..decode.grammar import STRICT_PARAMETER, AllowedFunction
 
 
 def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: str, parallel: bool,
@@ -71,5 +71,3 @@ def _cap_whitespace(node: Any, limit: int) -> None:
         for item in child if isinstance(child, list) else [child]:
             _cap_whitespace(item, limit)
 
-
-register_vllm_tag_builder(vllm_structural_tag)
