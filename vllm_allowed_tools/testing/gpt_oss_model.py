@@ -197,6 +197,23 @@ def ensure_gpt_oss_model(seed: int = 0, cache_dir: Path | None = None, log=print
         return build(path, seed=seed, log=log)
 
 
+def ensure_gpt_oss_tokenizer(cache_dir: Path | None = None, log=print) -> Path:
+    """A cached folder with gpt-oss's tokenizer and a ``config.json`` naming its model type and
+    vocabulary, no weights: what ``vllm-allowed-tools check`` reads of a gpt-oss model."""
+    path = (Path(cache_dir) if cache_dir else default_cache_dir()) / "gpt-oss-tokenizer"
+    with cache_lock(path):
+        if (path / "tokenizer.json").is_file() and _marker(path).get("recipe") == recipe_digest(0):
+            return path
+        log(f"converting the o200k_harmony vocabulary to tokenizer.json in {path}")
+        with building(path) as staging:
+            write_tokenizer(staging)
+            (staging / "config.json").write_text(json.dumps(
+                {"model_type": "gpt_oss", "vocab_size": VOCAB_SIZE}, indent=2))
+            (staging / MARKER_FILE).write_text(json.dumps(
+                {"flavour": "gpt-oss-tokenizer", "recipe": recipe_digest(0)}, indent=2))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.testing.gpt_oss_model",
                                      description=__doc__.split("\n\n")[0])

@@ -202,7 +202,13 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
     if not is_server_command(argv):
         # not a server command line (e.g. the middleware built inside a test app)
         return ServerCapabilities(constraint_stage=STAGE_NATIVE)
-    parser = flag_value(argv, "--tool-call-parser")
+    check_tool_parser(flag_value(argv, "--tool-call-parser"), environ)
+    return serving_capabilities(argv, environ)
+
+
+def check_tool_parser(parser: str | None, environ: dict[str, str]) -> None:
+    """Raise CapabilityError unless ``parser`` is one of our wrappers or one the operator vouches
+    for (``VLLM_ALLOWED_TOOLS_EXTRA_PARSERS``); no parser (None) is not refused here."""
     vouched = vouched_parsers(environ)
     ours = parser_names()
     if parser is not None and parser not in ours and parser not in vouched:
@@ -210,6 +216,11 @@ def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None
             f"--tool-call-parser {parser} cannot enforce allowed_tools: use one of our wrappers "
             f"({', '.join(sorted(ours))}), e.g. --tool-call-parser allowed_{parser} if it exists",
             capability="tool_parser", status=500)
+
+
+def serving_capabilities(argv: Sequence[str], environ: dict[str, str]) -> ServerCapabilities:
+    """The constraint stage this server command line gets (backend, device, constraint switch,
+    strict tool calling); raises CapabilityError where none could enforce the allowlist."""
     backend = structured_output_backend(argv)
     on_cpu = _on_cpu(environ)
     requested = requested_stage(environ)

@@ -64,16 +64,17 @@ def _vllm_structural_tag(*args: Any) -> Any:
     return vllm_structural_tag(*args)
 
 
-def register() -> None:
+def register_parsers() -> list[str]:
     """Register an ``allowed_<base>`` tool parser per wire format with vLLM, lazily (the class is
-    built when vLLM first asks for it), and vLLM's tag builders with ours. Formats registered since
-    the last call are added."""
+    built when vLLM first asks for it), and vLLM's tag builders with ours; returns the parser names
+    added (formats registered since the last call). Touches nothing else: ``vllm-allowed-tools
+    check`` registers them this way too."""
     register_tag_builder()
     try:
         from vllm.tool_parsers import ToolParserManager
     except ImportError:  # pragma: no cover - vLLM too old or absent
         logger.warning("vllm-allowed-tools: vllm.tool_parsers not importable; parsers not registered")
-        return
+        return []
     added = []
     for entry in wire_formats():
         name = entry.parser_name
@@ -82,6 +83,13 @@ def register() -> None:
             added.append(name)
     if added:
         logger.debug("vllm-allowed-tools: registered parsers %s", ", ".join(added))
+    return added
+
+
+def register() -> None:
+    """vLLM's plugin hook: :func:`register_parsers`, then our middleware added to a server command
+    line that selects one of our parsers (:func:`with_our_middleware`)."""
+    register_parsers()
     argv = with_our_middleware(sys.argv)
     if argv != sys.argv:
         # read by vLLM's parse_args() after the plugins are loaded (vLLM's logging is not set up

@@ -139,13 +139,7 @@ def choose_placement(argv: Sequence[str], environ: Mapping[str, str] | None = No
     if not is_server_command(argv):
         # not a server command line (a test app): our templates' variable, nothing to probe
         return PlacementChoice(PROBE_ORDER[0], "no served template")
-    if _flag(argv, "--tokenizer-mode") == "mistral":
-        raise CapabilityError(
-            "--tokenizer-mode mistral renders prompts with mistral-common, which takes no chat "
-            "template, so the per-turn allowed-tools policy cannot be placed (and vLLM refuses "
-            "chat_template_kwargs there). Serve the model with --tokenizer-mode auto and its "
-            "Hugging Face chat template (or ours: vllm_allowed_tools.templates)",
-            capability="chat_template", status=500)
+    check_tokenizer_mode(argv)
     served = HarmonyPrompt() if serves_harmony(argv) else load(argv)
     order = PROBE_ORDER if requested == "auto" else (requested,)
     result = probe_template(served.render, served.tokenize, order)
@@ -161,6 +155,17 @@ def choose_placement(argv: Sequence[str], environ: Mapping[str, str] | None = No
         "vllm_allowed_tools.templates), or opt in to catalog filtering with "
         f"{FALLBACK_ENV}={FILTER_CATALOG} (breaks prompt-cache reuse when the subset changes)",
         capability="chat_template", status=500)
+
+
+def check_tokenizer_mode(argv: Sequence[str]) -> None:
+    """Raise CapabilityError for a tokenizer mode whose prompts no chat template renders."""
+    if _flag(argv, "--tokenizer-mode") == "mistral":
+        raise CapabilityError(
+            "--tokenizer-mode mistral renders prompts with mistral-common, which takes no chat "
+            "template, so the per-turn allowed-tools policy cannot be placed (and vLLM refuses "
+            "chat_template_kwargs there). Serve the model with --tokenizer-mode auto and its "
+            "Hugging Face chat template (or ours: vllm_allowed_tools.templates)",
+            capability="chat_template", status=500)
 
 
 def _chosen(choice: PlacementChoice, how: str) -> PlacementChoice:
