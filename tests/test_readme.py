@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 #: pages other work adds; a link to one of exactly these may wait for it
-PENDING_PAGES = {"docs/install.md", "docs/settings.md", "docs/check.md"}
+PENDING_PAGES = {"docs/settings.md"}
 SHELL = {"bash", "sh", "shell"}
 #: where the README's requests go, and the model it serves in its quickstart
 README_BASE = "http://localhost:8000"
@@ -190,6 +190,11 @@ def check_command(argv: list[str]) -> list[str]:
                 assert wire_format(parser).parser_name == parser
             except (ValueError, AssertionError):
                 problems.append(f"{where}: {parser!r} is not one of our parsers")
+    elif program == "hf":   # huggingface_hub's CLI, installed with vLLM
+        assert args[0] == "download", where
+        text = help_text(str(Path(sys.executable).with_name("hf")), "download")
+        problems += [f"{where}: `hf download` has no flag {f}" for f in flags(args[1:])
+                     if f not in text]
     elif program == "curl":
         urls = [a for a in args if a.startswith("http")]
         if len(urls) != 1 or not urls[0].startswith(README_BASE + "/v1/"):
