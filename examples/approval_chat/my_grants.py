@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_allowed_tools.approvals.store import Grant, GrantStore
-from vllm_allowed_tools.approvals.wire import ANONYMOUS, principal_from_headers
+from vllm_allowed_tools.approvals.wire import ANONYMOUS, principal_from_headers, session_of
 
 REVOKE_REASON = "revoked by its holder on the approval chat's My approvals page"
 
@@ -44,8 +44,12 @@ class GrantView:
                    session=grant.session, bound_to_arguments=grant.arguments_digest is not None,
                    created_at=grant.created_at, expires_at=grant.expires_at)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "tool": self.tool, "scope": self.scope, "session": self.session,
+    def to_json(self, chat_session_key: str | None = None) -> dict[str, Any]:
+        """``chat_session_key``: the ``prompt_cache_key`` of the person's current chat, to say
+        whether a ``session`` grant is that chat's (the server names sessions its own way)."""
+        this_chat = session_of({"prompt_cache_key": chat_session_key}) if chat_session_key else None
+        return {"id": self.id, "tool": self.tool, "scope": self.scope,
+                "in_this_chat": self.session is not None and self.session == this_chat,
                 "bound_to_arguments": self.bound_to_arguments, "created_at": self.created_at,
                 "expires_at": self.expires_at}
 

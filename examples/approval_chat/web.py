@@ -123,27 +123,53 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
 
 
-def build_app(upstream: Upstream, grants: MyGrants, options: ApprovalOptions) -> ASGIApp:
-    """The ASGI application over one model server and the grant store it uses; ``options``
-    words each approval prompt's choices."""
-    sign_ins = SignIns()
-    client = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
-    viewer = Viewer(options)
-    agent = Agent(upstream, client, viewer)
+class ChatSite:
+    """The routes over one model server and the grant store it uses; ``options`` words each
+    approval prompt's choices."""
 
-    def page(name: str, *, signed_in_only: bool = True) -> Callable[[Request], Any]:
+    def __init__(self, upstream: Upstream, grants: MyGrants, options: ApprovalOptions) -> None:
+        self._upstream = upstream
+        self._grants = grants
+        self._sign_ins = SignIns()
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
+        self._viewer = Viewer(options)
+        self._agent = Agent(upstream, self._client, self._viewer)
+
+    def routes(self) -> list[Route | Mount]:
+        return [
+            Route("/", self._page("chat.html")),
+            Route("/approvals", self._page("approvals.html")),
+            Route("/sign-in", self._page("sign-in.html", signed_in_only=False)),
+            Route("/favicon.ico", lambda _: Response(status_code=204)),   # no icon, and no 404
+            Route("/api/sign-in", self.sign_in, methods=["POST"]),
+            Route("/api/sign-out", self.sign_out, methods=["POST"]),
+            Route("/api/chat", self.chat),
+            Route("/api/chat/new", self.new_chat, methods=["POST"]),
+            Route("/api/chat/messages", self.message, methods=["POST"]),
+            Route("/api/chat/answers", self.answers, methods=["POST"]),
+            Route("/api/grants", self.list_grants),
+            Route("/api/grants/{grant_id}/revoke", self.revoke, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=STATIC)),
+        ]
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    def _page(self, name: str, *, signed_in_only: bool = True) -> Callable[[Request], Any]:
         async def serve(request: Request) -> Response:
-            if signed_in_only and sign_ins.find(request) is None:
+            if signed_in_only and self._sign_ins.find(request) is None:
                 return RedirectResponse("/sign-in", status_code=303)
             return FileResponse(STATIC / name, media_type="text/html")
         return serve
 
-    def person_of(request: Request) -> Person | JSONResponse:
-        person = sign_ins.find(request)
+    def _person(self, request: Request) -> Person | JSONResponse:
+        person = self._sign_ins.find(request)
         return person if person is not None else _problem(
             401, "sign in first: open /sign-in and enter your API key")
 
-    async def sign_in(request: Request) -> Response:
+    # ------------------------------------------------------------------------------ signing in
+
+    async def sign_in(self, request: Request) -> Response:
         body = await _json_body(request)
         if isinstance(body, Response):
             return body
@@ -151,44 +177,53 @@ def build_app(upstream: Upstream, grants: MyGrants, options: ApprovalOptions) ->
         if not isinstance(api_key, str) or not api_key.strip():
             return _problem(400, "enter your API key")
         api_key = api_key.strip()
+        refused = await self._check_key(api_key)
+        if refused is not None:
+            return refused
+        label = await asyncio.to_thread(self._grants.principal_of, api_key)
+        token = self._sign_ins.add(api_key, label)
+        response = JSONResponse({"signed_in": True})
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
+        return response
+
+    async def _check_key(self, api_key: str) -> JSONResponse | None:
+        """None when the model server accepts ``api_key`` (``GET /v1/models`` answers 200)."""
         try:
-            check = await client.get(upstream.base_url.rstrip("/") + "/models",
-                                     headers={"Authorization": f"Bearer {api_key}"})
+            check = await self._client.get(self._upstream.base_url.rstrip("/") + "/models",
+                                           headers={"Authorization": f"Bearer {api_key}"})
         except httpx.HTTPError as error:
             return _problem(502, f"the model server could not be reached ({error})")
         if check.status_code == 401:
             return _problem(401, "the model server does not accept this API key")
         if check.status_code != 200:
             return _problem(502, f"the model server answered {check.status_code}")
-        label = (await asyncio.to_thread(grants.principal_of, api_key))
-        token = sign_ins.add(api_key, label)
-        response = JSONResponse({"signed_in": True})
-        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", path="/")
-        return response
+        return None
 
-    async def sign_out(request: Request) -> Response:
-        sign_ins.remove(request)
+    async def sign_out(self, request: Request) -> Response:
+        self._sign_ins.remove(request)
         response = JSONResponse({"signed_in": False})
         response.delete_cookie(COOKIE, path="/")
         return response
 
-    async def chat(request: Request) -> Response:
-        person = person_of(request)
+    # ---------------------------------------------------------------------------------- the chat
+
+    async def chat(self, request: Request) -> Response:
+        person = self._person(request)
         if isinstance(person, Response):
             return person
-        return JSONResponse(_chat_state(person, viewer))
+        return JSONResponse(self._chat_state(person))
 
-    async def new_chat(request: Request) -> Response:
-        person = person_of(request)
+    async def new_chat(self, request: Request) -> Response:
+        person = self._person(request)
         if isinstance(person, Response):
             return person
         if person.busy.locked():
             return _problem(409, "the assistant is still working; wait for it to finish")
         person.conversation = Conversation()
-        return JSONResponse(_chat_state(person, viewer))
+        return JSONResponse(self._chat_state(person))
 
-    async def message(request: Request) -> Response:
-        person = person_of(request)
+    async def message(self, request: Request) -> Response:
+        person = self._person(request)
         if isinstance(person, Response):
             return person
         body = await _json_body(request)
@@ -198,13 +233,13 @@ def build_app(upstream: Upstream, grants: MyGrants, options: ApprovalOptions) ->
         if not isinstance(text, str) or not text.strip():
             return _problem(400, "type a message first")
         try:
-            agent.say(person, text.strip())   # checks now, sends nothing
+            self._agent.say(person, text.strip())   # checks now, sends nothing
         except AnswerError as error:
             return _problem(409, str(error))
-        return _ndjson(person, lambda: agent.say(person, text.strip()))
+        return _ndjson(person, lambda: self._agent.say(person, text.strip()))
 
-    async def answers(request: Request) -> Response:
-        person = person_of(request)
+    async def answers(self, request: Request) -> Response:
+        person = self._person(request)
         if isinstance(person, Response):
             return person
         body = await _json_body(request)
@@ -215,61 +250,53 @@ def build_app(upstream: Upstream, grants: MyGrants, options: ApprovalOptions) ->
             return _problem(400, "answers must be a list of objects")
         submit_now = body.get("submit_now") is True
         try:
-            agent.answer(person, given, submit_now=submit_now)   # checks now, sends nothing
+            self._agent.answer(person, given, submit_now=submit_now)   # checks now, sends nothing
         except AnswerError as error:
             return _problem(409, str(error))
-        return _ndjson(person, lambda: agent.answer(person, given, submit_now=submit_now))
+        return _ndjson(person, lambda: self._agent.answer(person, given, submit_now=submit_now))
 
-    async def list_grants(request: Request) -> Response:
-        person = person_of(request)
+    def _chat_state(self, person: Person) -> dict[str, Any]:
+        chat = person.conversation
+        return {"items": self._viewer.views(chat), "pending": [item["id"] for item in chat.pending],
+                "desk": person.tools.desk.to_json(), "session": chat.session}
+
+    # ------------------------------------------------------------------------------- the grants
+
+    async def list_grants(self, request: Request) -> Response:
+        person = self._person(request)
         if isinstance(person, Response):
             return person
         try:
-            views = await asyncio.to_thread(grants.live, person.api_key)
+            views = await asyncio.to_thread(self._grants.live, person.api_key)
         except GrantStoreUnavailable as error:
             return _problem(503, f"the grant store is unavailable ({error}); try again shortly")
-        return JSONResponse({"grants": [view.to_json() for view in views],
-                             "this_chat_session": person.conversation.session})
+        session = person.conversation.session
+        return JSONResponse({"grants": [view.to_json(session) for view in views]})
 
-    async def revoke(request: Request) -> Response:
-        person = person_of(request)
+    async def revoke(self, request: Request) -> Response:
+        person = self._person(request)
         if isinstance(person, Response):
             return person
         body = await _json_body(request)
         if isinstance(body, Response):
             return body
+        grant_id = request.path_params["grant_id"]
         try:
-            await asyncio.to_thread(grants.revoke, person.api_key, request.path_params["grant_id"])
+            await asyncio.to_thread(self._grants.revoke, person.api_key, grant_id)
         except NotYourGrant as error:
             return _problem(404, str(error))
         except GrantStoreUnavailable as error:
             return _problem(503, f"the grant store is unavailable ({error}); try again shortly")
-        return JSONResponse({"revoked": request.path_params["grant_id"]})
+        return JSONResponse({"revoked": grant_id})
+
+
+def build_app(upstream: Upstream, grants: MyGrants, options: ApprovalOptions) -> ASGIApp:
+    """The ASGI application: :class:`ChatSite`'s routes behind :class:`SecurityHeaders`."""
+    site = ChatSite(upstream, grants, options)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         yield
-        await client.aclose()
+        await site.close()
 
-    app = Starlette(lifespan=lifespan, routes=[
-        Route("/", page("chat.html")),
-        Route("/approvals", page("approvals.html")),
-        Route("/sign-in", page("sign-in.html", signed_in_only=False)),
-        Route("/favicon.ico", lambda _: Response(status_code=204)),   # no icon, and no 404
-        Route("/api/sign-in", sign_in, methods=["POST"]),
-        Route("/api/sign-out", sign_out, methods=["POST"]),
-        Route("/api/chat", chat),
-        Route("/api/chat/new", new_chat, methods=["POST"]),
-        Route("/api/chat/messages", message, methods=["POST"]),
-        Route("/api/chat/answers", answers, methods=["POST"]),
-        Route("/api/grants", list_grants),
-        Route("/api/grants/{grant_id}/revoke", revoke, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=STATIC)),
-    ])
-    return SecurityHeaders(app)
-
-
-def _chat_state(person: Person, viewer: Viewer) -> dict[str, Any]:
-    chat = person.conversation
-    return {"items": viewer.views(chat), "pending": [item["id"] for item in chat.pending],
-            "desk": person.tools.desk.to_json(), "session": chat.session}
+    return SecurityHeaders(Starlette(lifespan=lifespan, routes=site.routes()))

@@ -3,7 +3,6 @@
 
 const { call, errorOf, when } = window.approvalChat;
 const SCOPE_TEXT = { session: "This session", always: "Always" };
-let chatSession = null;
 
 function cell(row, text) {
   const td = document.createElement("td");
@@ -27,7 +26,7 @@ function render(grants) {
     row.appendChild(document.createElement("td")).appendChild(name);
     let scope = SCOPE_TEXT[grant.scope] || grant.scope;
     if (grant.scope === "session") {
-      scope += grant.session === chatSession ? " (your current chat)" : " (another chat)";
+      scope += grant.in_this_chat ? " (your current chat)" : " (another chat)";
     }
     cell(row, scope);
     cell(row, grant.bound_to_arguments ? "only the approved arguments" : "any");
@@ -52,7 +51,6 @@ async function load() {
     return;
   }
   const body = await response.json();
-  chatSession = body.this_chat_session;
   render(body.grants);
   status.textContent = body.grants.length === 1 ? "You hold 1 grant." :
     `You hold ${body.grants.length} grants.`;

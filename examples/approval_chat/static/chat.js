@@ -215,8 +215,13 @@ function sendAnswers(submitNow) {
       return { elicitation_id: id, ...p.choice,
         reason: p.choice.action === "decline" && reason ? reason.value.trim() : null };
     });
-  for (const waiting of pending.values()) {
+  for (const [id, waiting] of pending) {
     for (const control of waiting.card.querySelectorAll("button, input")) control.disabled = true;
+    if (waiting.choice === null) {   // submitted without it: the server declines it
+      closeCard(waiting.card, "Not answered: the server declined this call when the answers " +
+        "were sent.");
+      pending.delete(id);
+    }
   }
   return run("/api/chat/answers", { answers, submit_now: submitNow });
 }
