@@ -61,10 +61,12 @@ class MyGrants:
         self._store = store
 
     def principal_of(self, api_key: str) -> str:
+        """The principal the server derives from ``api_key`` (as a bearer token)."""
+        if not api_key.strip():
+            raise ValueError("an empty API key has no grants: sign in with your API key")
         principal = principal_from_headers([(b"authorization", f"Bearer {api_key}".encode())],
                                            self._store.principal_secret)
-        if principal == ANONYMOUS:
-            raise ValueError("an empty API key has no grants: sign in with your API key")
+        assert principal != ANONYMOUS
         return principal
 
     def live(self, api_key: str) -> list[GrantView]:
