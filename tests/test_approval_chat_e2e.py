@@ -200,7 +200,7 @@ def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--window-size=1100,900", "--disable-gpu"):
+                     "--window-size=1100,1400", "--disable-gpu"):
         options.add_argument(argument)
     try:   # the driver named explicitly: Selenium's own driver download cannot work offline
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
