@@ -172,8 +172,12 @@ def _start_app(folder: Path, *options: str, timeout: float = 900.0) -> ChatApp:
 @pytest.fixture(scope="module")
 def chat_app(tmp_path_factory) -> Iterator[ChatApp]:
     app = _start_app(tmp_path_factory.mktemp("approval-chat"))
+    [model_server] = [line.split()[2] for line in app.log.read_text().splitlines()
+                      if line.startswith("model server: ")]
     yield app
     app.stop()
+    with pytest.raises(httpx.TransportError):   # the one command stopped what it started
+        httpx.get(model_server.removesuffix("/v1") + "/health", timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import secrets
+import signal
 import socket
 import sys
 import tempfile
@@ -90,13 +91,21 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    """SIGTERM / SIGHUP unwind like Ctrl-C, so ``finally`` stops the model server we started
+    (uvicorn re-raises the signal it shut down on once it has stopped serving)."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     if bool(args.base_url) != bool(args.grant_store):
         parser.error("--base-url and --grant-store go together: the page lists and revokes the "
                      "grants of that server's store")
-    model_server = None
+    model_server, store = None, None
     try:
         if args.base_url:
             base_url, store_target = args.base_url, args.grant_store
@@ -114,9 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning",
                                                timeout_graceful_shutdown=5))
         server.run(sockets=[sock])
-        store.close()
         return 0
     finally:
+        if store is not None:
+            store.close()
         if model_server is not None:
             model_server.stop()
 
