@@ -89,19 +89,37 @@ async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
     return body if isinstance(body, dict) else _problem(400, "the body must be a JSON object")
 
 
-def _ndjson(person: Person, start: Callable[[], AsyncIterator[Event]]) -> StreamingResponse:
-    """Stream ``start()``'s events, one person's loop at a time (its lock held throughout)."""
+def _ndjson(person: Person, start: Callable[[], AsyncIterator[Event]],
+            running: set[asyncio.Task[None]]) -> StreamingResponse:
+    """Stream ``start()``'s events, one person's loop at a time (its lock held throughout).
+
+    The loop runs as its own task and the response only reads what it produced: a browser that
+    leaves mid-turn does not cut a turn in half (a call released but never run), and the page
+    redraws the finished turn from ``GET /api/chat`` when it comes back."""
+    events: asyncio.Queue[Event | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            if person.busy.locked():
+                await events.put({"type": "error", "message": "The assistant is still working "
+                                  "on your last request; wait for it to finish."})
+                return
+            async with person.busy:
+                try:
+                    async for event in start():
+                        await events.put(event)
+                except (AgentError, AnswerError) as error:
+                    await events.put({"type": "error", "message": str(error)})
+        finally:
+            await events.put(None)
+
+    task = asyncio.create_task(pump())
+    running.add(task)   # held until done: a task nobody references may be collected mid-turn
+    task.add_done_callback(running.discard)
+
     async def lines() -> AsyncIterator[bytes]:
-        if person.busy.locked():
-            yield _line({"type": "error", "message": "The assistant is still working on your "
-                                                     "last request; wait for it to finish."})
-            return
-        async with person.busy:
-            try:
-                async for event in start():
-                    yield _line(event)
-            except (AgentError, AnswerError) as error:
-                yield _line({"type": "error", "message": str(error)})
+        while (event := await events.get()) is not None:
+            yield _line(event)
     return StreamingResponse(lines(), media_type="application/x-ndjson")
 
 
@@ -134,6 +152,7 @@ class ChatSite:
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
         self._viewer = Viewer(options)
         self._agent = Agent(upstream, self._client, self._viewer)
+        self._running: set[asyncio.Task[None]] = set()   # agent turns still going
 
     def routes(self) -> list[Route | Mount]:
         return [
@@ -153,6 +172,9 @@ class ChatSite:
         ]
 
     async def close(self) -> None:
+        for task in list(self._running):   # shutting down: turns still going end here
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
         await self._client.aclose()
 
     def _page(self, name: str, *, signed_in_only: bool = True) -> Callable[[Request], Any]:
@@ -236,7 +258,7 @@ class ChatSite:
             self._agent.say(person, text.strip())   # checks now, sends nothing
         except AnswerError as error:
             return _problem(409, str(error))
-        return _ndjson(person, lambda: self._agent.say(person, text.strip()))
+        return _ndjson(person, lambda: self._agent.say(person, text.strip()), self._running)
 
     async def answers(self, request: Request) -> Response:
         person = self._person(request)
@@ -253,7 +275,8 @@ class ChatSite:
             self._agent.answer(person, given, submit_now=submit_now)   # checks now, sends nothing
         except AnswerError as error:
             return _problem(409, str(error))
-        return _ndjson(person, lambda: self._agent.answer(person, given, submit_now=submit_now))
+        return _ndjson(person, lambda: self._agent.answer(person, given, submit_now=submit_now),
+                       self._running)
 
     def _chat_state(self, person: Person) -> dict[str, Any]:
         chat = person.conversation
