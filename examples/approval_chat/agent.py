@@ -8,7 +8,9 @@ history, together with the elicitations, in one request, and only once every eli
 response is answered or the person submits explicitly (then the server declines the unanswered
 ones): the proposal's rule for clients.
 
-Each event the loop yields is one JSON object for the page (``docs`` in the example's README).
+Each event the loop yields is one JSON object for the page: ``item`` (a history item's view, see
+:class:`conversation.Viewer`), ``text_delta`` (streamed text), ``desk`` (what the tools did),
+then ``waiting`` (approvals to answer), ``done`` or, from the web layer, ``error``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ Event = dict[str, Any]
 
 
 class Agent:
+    """The loop for every person: ``say`` and ``answer`` check what they can before anything is
+    sent (raising AnswerError) and return the turn's events to stream."""
+
     def __init__(self, upstream: Upstream, client: httpx.AsyncClient, viewer: Viewer) -> None:
         self._upstream = upstream
         self._client = client
@@ -155,7 +160,7 @@ class Agent:
         yield {"type": "done"}
 
     def _body(self, chat: Conversation, choice: Any) -> dict[str, Any]:
-        return {"model": self._upstream.model, "input": chat.history, "tools": self._tools,
+        return {"model": self._upstream.model, "input": list(chat.history), "tools": self._tools,
                 "tool_choice": choice, "parallel_tool_calls": True, "stream": True,
                 "prompt_cache_key": chat.session, "temperature": 0.0,
                 "max_output_tokens": self._upstream.max_output_tokens}

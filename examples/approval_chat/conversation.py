@@ -28,6 +28,8 @@ def new_session_key() -> str:
 
 @dataclass
 class Conversation:
+    """One chat of one person; its ``session`` key is what "this session" grants are bound to."""
+
     session: str = field(default_factory=new_session_key)
     history: list[dict[str, Any]] = field(
         default_factory=lambda: [{"role": "system", "content": SYSTEM_PROMPT}])
