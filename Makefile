@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast setup lint
+.PHONY: demo test test-fast setup lint approval-chat
 
 setup: $(STAMP)
 
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/vllm-allowed-tools demo
+
+# The approval chat (examples/approval_chat): serve-tiny with an approval policy, and a page at
+# http://127.0.0.1:8765/ where a person answers the approvals (sign in with a printed API key).
+approval-chat: $(STAMP)
+	$(PY) examples/approval_chat/app.py
 
 # Two workers (pytest-xdist): each test group (a module, or one server configuration of a
 # parametrized module: tests/conftest.py) runs whole on one worker, so no server starts twice for

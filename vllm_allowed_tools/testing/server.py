@@ -370,7 +370,11 @@ def start_serve_tiny(flavour: str = "random", *, options: Sequence[str] = (),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                text=True, env={**os.environ, **(env or {})})
     output = _OutputLines(process.stdout)
-    url = output.wait_for("http", time.monotonic() + timeout)
+    try:
+        url = output.wait_for("http", time.monotonic() + timeout)
+    except BaseException:   # interrupted while it starts (Ctrl-C, a signal): never leave it running
+        _stop_child(process, 30.0)
+        raise
     if url is None:
         if output.ended:   # it closed its output: it is exiting
             with contextlib.suppress(subprocess.TimeoutExpired):
