@@ -418,3 +418,14 @@ def test_kimi_k2_thinking_re_renders_at_a_user_turn_exactly_the_reasoning_it_dro
         assert common_prefix_length(before, after) == first_call + len("<think>")
         assert THOUGHT not in after and "Answer it." not in after
         assert after.count("<think></think>") == bench.TURNS   # five calls and the answer
+
+
+def test_start_up_says_what_a_thinking_template_drops_at_a_user_turn(model_dir, caplog) -> None:
+    argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
+            "--chat-template", str(CORPUS / "moonshotai-Kimi-K2-Thinking.jinja")]
+    with caplog.at_level("INFO", logger="vllm.allowed_tools"):
+        choice = choose_placement(argv, {})
+    said = {r.levelname: r.getMessage() for r in caplog.records if "new user turn" in r.getMessage()}
+    assert list(said) == ["INFO"] and choice.notes == [choice.probe.reasoning_note]
+    assert ("reasoning passed back in the history is reused within an agent loop but prefilled "
+            "again at each new user turn: an assistant turn's " + REASONING_DROPPED) in said["INFO"]

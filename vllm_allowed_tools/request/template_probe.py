@@ -60,16 +60,24 @@ class ProbeResult:
             return f"{self.dropped} ({reasons})" if reasons else self.dropped
         return reasons or "no placement tried"
 
+    @property
+    def user_turn_note(self) -> str | None:
+        """The history itself moves at a user turn: a warning (the prefix guarantee is partial)."""
+        return None if not self.user_turn else (
+            "prompt reuse holds within an agent loop (tool results appended after the last user "
+            f"message) but not across user turns: {self.user_turn}")
+
+    @property
+    def reasoning_note(self) -> str | None:
+        """Reasoning passed back is dropped at a user turn: the model's own design, said for
+        information (the catalog and the rest of the history stay a prefix)."""
+        return None if not self.user_turn_reasoning else (
+            "reasoning passed back in the history is reused within an agent loop but prefilled "
+            f"again at each new user turn: {self.user_turn_reasoning}")
+
     def reuse_notes(self) -> list[str]:
         """What the prefix cache cannot reuse although the placement passed, one sentence each."""
-        notes = []
-        if self.user_turn:
-            notes.append("prompt reuse holds within an agent loop (tool results appended after the "
-                         f"last user message) but not across user turns: {self.user_turn}")
-        if self.user_turn_reasoning:
-            notes.append("reasoning passed back in the history is reused within an agent loop but "
-                         f"prefilled again at each new user turn: {self.user_turn_reasoning}")
-        return notes
+        return [note for note in (self.user_turn_note, self.reasoning_note) if note]
 
 
 def _tool(name: str) -> dict[str, Any]:

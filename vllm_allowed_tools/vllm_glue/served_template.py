@@ -180,6 +180,10 @@ def check_tokenizer_mode(argv: Sequence[str]) -> None:
 def _chosen(choice: PlacementChoice, how: str) -> PlacementChoice:
     logger.info("vllm-allowed-tools: chat template %s: the per-turn policy goes in by %s (%s)",
                 choice.origin, choice.placement, how)
-    for note in choice.notes:
-        logger.warning("vllm-allowed-tools: chat template %s: %s", choice.origin, note)
+    if choice.probe is not None and choice.probe.user_turn_note:
+        logger.warning("vllm-allowed-tools: chat template %s: %s", choice.origin,
+                       choice.probe.user_turn_note)
+    if choice.probe is not None and choice.probe.reasoning_note:
+        logger.info("vllm-allowed-tools: chat template %s: %s", choice.origin,
+                    choice.probe.reasoning_note)
     return choice
