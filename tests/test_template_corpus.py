@@ -54,7 +54,7 @@ DROPS = {
     "mistralai-Mistral-Nemo-Instruct-2407": {"system"},
     # with a client system message the catalog goes in only through ``custom_tools``
     "tool_chat_template_llama4_pythonic": {"catalog"},
-    # an early revision of vLLM's granite template: it renders the user messages only
+    # the first file at vLLM's granite template path (a single-turn draft): user messages only
     "tool_chat_template_granite-1659236": {"system", "messages", "calls"},
 }
 
