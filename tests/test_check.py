@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_template_corpus import CORPUS, PLACEMENT, REFUSED, TEMPLATES
+from test_template_corpus import CORPUS, PLACEMENT, REFUSED, REFUSED_BECAUSE, TEMPLATES, USER_TURN
 
 from vllm_allowed_tools.devtools import check
 from vllm_allowed_tools.errors import CapabilityError
@@ -123,11 +123,16 @@ def test_corpus_templates_get_the_servers_placement_or_its_refusal(capsys, rando
     placement = finding(report, "placement")
     assert startup_decisions(report["command"])[1] == PLACEMENT.get(name)
     if name in PLACEMENT:
-        assert (code, placement["verdict"], placement["details"]["placement"]) == (0, "ok", PLACEMENT[name])
+        # a template that moves part of the history at a new user turn starts, with a warning
+        verdict = "warn" if name in USER_TURN else "ok"
+        assert (code, placement["verdict"], placement["details"]["placement"]) == (0, verdict, PLACEMENT[name])
+        if name in USER_TURN:
+            assert "but not across user turns" in placement["reason"] and USER_TURN[name] in placement["reason"]
     else:
         assert (code, placement["verdict"]) == (1, "refused")
         assert all(f"{where}: " in placement["reason"] and why in placement["reason"]
                    for where, why in REFUSED[name].items()), placement["reason"]
+        assert REFUSED_BECAUSE.get(name, "") in placement["reason"]
 
 
 # ------------------------------------------------------------------ refusals: exit 1 with the reason
@@ -194,6 +199,7 @@ def test_a_template_the_probe_rejects_is_refused_unless_the_fallback_is_on(capsy
     code, report = run(capsys, *argv)
     reason = finding(report, "placement")["reason"]
     assert code == 1 and "users_only.jinja" in reason and "filter-catalog" in reason
+    assert "(it renders only the user messages)" in reason   # what in the template prevents it
     monkeypatch.setenv("VLLM_ALLOWED_TOOLS_FALLBACK", "filter-catalog")
     code, report = run(capsys, *argv)
     placement = finding(report, "placement")

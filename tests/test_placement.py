@@ -21,7 +21,7 @@ from vllm_allowed_tools.request.placement import (
     policy_text,
 )
 from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, echo_of, restore_echo, rewrite_request
-from vllm_allowed_tools.request.template_probe import check_placement, probe_template
+from vllm_allowed_tools.request.template_probe import check_placement, check_user_turn, probe_template
 from vllm_allowed_tools.vllm_glue.plugin import MIDDLEWARE, with_our_middleware
 
 TEXT = policy_text("auto", ["b", "a"])
@@ -150,6 +150,47 @@ def test_the_probe_says_why_a_placement_fails():
         calls.append(1)
         return plain(messages, tools, variables) + str(len(calls))
     assert "nondeterministic" in check_placement(counting, SYSTEM_MESSAGE)
+
+
+#: the catalog just before the LAST user message (as Mistral's templates put it)
+CATALOG_BEFORE_LAST_USER = (
+    "{% set last = namespace(i=-1) %}{% for m in messages %}{% if m.role == 'user' %}"
+    "{% set last.i = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if loop.index0 == last.i %}"
+    "{{ tools | map(attribute='function.description') | join(',') }}\n{% endif %}{{ m.content }}\n"
+    "{% endfor %}")
+#: an assistant turn's reasoning only after the last user message (as Qwen3's template does)
+REASONING_AFTER_LAST_USER = (
+    "{% set last = namespace(i=-1) %}{% for m in messages %}{% if m.role == 'user' %}"
+    "{% set last.i = loop.index0 %}{% endif %}{% endfor %}"
+    "{% for m in messages %}{% if m.reasoning_content and loop.index0 > last.i %}"
+    "{{ m.reasoning_content }}\n{% endif %}{{ m.content }}\n{% endfor %}")
+USERS_ONLY = "{% for m in messages if m.role == 'user' %}{{ m.content }}{% endfor %}"
+
+
+def test_the_probe_says_what_a_new_user_turn_does_to_the_prefix():
+    moves = probe_template(_renderer(CATALOG_BEFORE_LAST_USER))
+    assert moves.placement == SYSTEM_MESSAGE and moves.user_turn_reasoning is None
+    assert "the tool catalog is rendered just before the last user message" in moves.user_turn
+    assert moves.reuse_notes()[0].startswith("prompt reuse holds within an agent loop (tool results "
+                                             "appended after the last user message) but not across user turns")
+    drops = probe_template(_renderer(REASONING_AFTER_LAST_USER))
+    assert drops.placement == SYSTEM_MESSAGE and drops.user_turn is None
+    assert "reasoning is rendered only after the last user message" in drops.user_turn_reasoning
+    assert check_user_turn(_renderer(PLAIN), SYSTEM_MESSAGE) is None
+    assert check_user_turn(_renderer(PLAIN), SYSTEM_MESSAGE, reasoning=True) is None
+    assert probe_template(_renderer(PLAIN)).reuse_notes() == []
+
+
+def test_a_refusal_says_first_what_the_template_leaves_out():
+    result = probe_template(_renderer(USERS_ONLY))
+    assert result.placement is None
+    assert result.dropped.startswith("the template leaves the system message, the assistant's tool "
+                                     "call, the tool result and a system message after them out of "
+                                     "the prompt (it renders only the user messages)")
+    assert result.explain().startswith(result.dropped + " (template-variable: ")
+    raising = probe_template(_renderer("{{ raise_exception('no') }}"))
+    assert raising.dropped is None and raising.explain().startswith("template-variable: rendering failed")
 
 
 def test_the_probe_compares_tokens_where_a_tokenizer_is_given():

@@ -9,8 +9,12 @@ without text as ``content: ""``); tools in canonical order. The transcript is th
 call/result pairs).
 
 What the tests pin, per template: that it renders the transcript with every message in it (or,
-for the few real templates that lose something, exactly what they lose), and the placement the
-start-up probe picks for it (or why it refuses), so a change to the probe or to a template shows up.
+for the few real templates that lose something, exactly what they lose), the placement the
+start-up probe picks for it (or why it refuses), what the probe says a new user turn does to the
+prefix, and how much of each previous prompt's history the next prompt begins with, within the
+agent loop and across a user turn (with and without reasoning passed back): the figures of the
+template table in docs/serving.md, which is checked against them. So a change to the probe or to a
+template shows up.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 
-from vllm_allowed_tools.request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, canonical_tools
-from vllm_allowed_tools.request.template_probe import probe_template
-from vllm_allowed_tools.vllm_glue.served_template import ServedTemplate
+from vllm_allowed_tools.errors import CapabilityError
+from vllm_allowed_tools.request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, canonical_tools, place_policy
+from vllm_allowed_tools.request.template_probe import check_placement, common_prefix_length, probe_template
+from vllm_allowed_tools.vllm_glue.served_template import ServedTemplate, choose_placement
+
+SERVING_DOC = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
 
 CORPUS = Path(__file__).resolve().parent / "data" / "chat_templates"
 TEMPLATES = sorted(path.stem for path in CORPUS.glob("*.jinja"))
@@ -47,6 +54,8 @@ DROPS = {
     "mistralai-Mistral-Nemo-Instruct-2407": {"system"},
     # with a client system message the catalog goes in only through ``custom_tools``
     "tool_chat_template_llama4_pythonic": {"catalog"},
+    # the first file at vLLM's granite template path (a single-turn draft): user messages only
+    "tool_chat_template_granite-1659236": {"system", "messages", "calls"},
 }
 
 #: the placement the start-up probe picks for each template it accepts
@@ -63,9 +72,13 @@ PLACEMENT = {
     "mistralai-Mistral-Nemo-Instruct-2407": LAST_MESSAGE,
     "mistralai-Mistral-Small-3.1-24B-Instruct-2503": LAST_MESSAGE,   # the same refusal as Nemo
     "moonshotai-Kimi-K2": SYSTEM_MESSAGE,
+    "moonshotai-Kimi-K2-Thinking": SYSTEM_MESSAGE,
     "tool_chat_template_deepseekv3": LAST_MESSAGE,
+    "tool_chat_template_granite": SYSTEM_MESSAGE,
     "tool_chat_template_llama3.1_json": SYSTEM_MESSAGE,
     "tool_chat_template_llama4_pythonic": SYSTEM_MESSAGE,
+    # a system message anywhere but first raises, as in the other Mistral templates
+    "tool_chat_template_mistral3": LAST_MESSAGE,
     "tool_chat_template_phi4_mini": LAST_MESSAGE,
     "tool_chat_template_qwen3coder": SYSTEM_MESSAGE,
     "unsloth-MiniMax-M2": LAST_MESSAGE,
@@ -78,7 +91,31 @@ REFUSED = {
         "template-variable": "can only concatenate str",
         "system-message": "can only concatenate str",
         "last-message": "can only concatenate str"},
+    # renders only the user messages: nothing after the history reaches the prompt
+    "tool_chat_template_granite-1659236": {
+        "template-variable": "not rendered after the history",
+        "system-message": "not rendered after the history",
+        "last-message": "not rendered after the history"},
 }
+#: what the probe says a template itself does that no placement can change, where it says so
+#: (a refusal's reason, said first in it, and named in the start-up error)
+REFUSED_BECAUSE = {
+    "tool_chat_template_granite-1659236": (
+        "the template leaves the system message, the assistant's tool call, the tool result and a "
+        "system message after them out of the prompt (it renders only the user messages)"),
+}
+#: accepted templates where a new user turn moves part of the history (the probe's ``user_turn``,
+#: a warning at start-up and in ``vllm-allowed-tools check``): Mistral's catalog sits just before
+#: the LAST user message
+CATALOG_MOVES = "the tool catalog is rendered just before the last user message"
+USER_TURN = {name: CATALOG_MOVES for name in (
+    "mistralai-Mistral-Nemo-Instruct-2407", "mistralai-Mistral-Small-3.1-24B-Instruct-2503",
+    "tool_chat_template_mistral3")}
+#: accepted templates that drop the reasoning passed back on earlier turns at a new user turn (the
+#: probe's ``user_turn_reasoning``, said at start-up)
+REASONING_DROPPED = "reasoning is rendered only after the last user message (or final answer)"
+USER_TURN_REASONING = {name: REASONING_DROPPED for name in (
+    "GLM-4.6", "Qwen-Qwen3-0.6B", "moonshotai-Kimi-K2-Thinking", "unsloth-MiniMax-M2")}
 
 
 @pytest.fixture(scope="module")
@@ -87,11 +124,15 @@ def bench():
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
+def model_dir() -> Path:
     from vllm_allowed_tools.testing.tiny_model import ensure_model
-    return AutoTokenizer.from_pretrained(str(ensure_model("random", log=lambda *_: None)))
+    return ensure_model("random", log=lambda *_: None)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def served(name: str, tokenizer) -> ServedTemplate:
@@ -198,6 +239,49 @@ def test_probe_refuses_the_recorded_templates_for_the_recorded_reasons(tokenizer
     assert sorted(result.reasons) == sorted(REFUSED[name])
     for placement, why in REFUSED[name].items():
         assert why in result.reasons[placement], f"{name} / {placement}: {result.reasons[placement]}"
+    assert result.dropped == (REFUSED_BECAUSE[name] + ", so neither a message after the history "
+                              "nor the text of its last message reaches the model"
+                              if name in REFUSED_BECAUSE else None)
+    assert result.explain().startswith(result.dropped or "template-variable: ")
+
+
+@pytest.mark.parametrize("name", sorted(PLACEMENT))
+def test_probe_says_what_a_new_user_turn_does_to_the_prefix(tokenizer, name: str) -> None:
+    """After the placement, the probe renders a follow-up user turn: Mistral's templates move the
+    catalog to the new last user message; thinking templates drop the reasoning passed back."""
+    template = served(name, tokenizer)
+    result = probe_template(template.render, template.tokenize)
+    for said, expected in ((result.user_turn, USER_TURN.get(name)),
+                           (result.user_turn_reasoning, USER_TURN_REASONING.get(name))):
+        assert (said is None) == (expected is None), f"{name}: the probe says {said!r}"
+        assert expected is None or expected in said, f"{name}: {said}"
+
+
+def test_start_up_names_what_in_the_template_prevents_the_policy(model_dir) -> None:
+    """The server's start-up decision on the command line itself: the refusal says what the
+    template leaves out, and what to serve instead."""
+    name = "tool_chat_template_granite-1659236"
+    argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
+            "--chat-template", str(CORPUS / f"{name}.jinja")]
+    with pytest.raises(CapabilityError) as refused:
+        choose_placement(argv, {})
+    message = str(refused.value)
+    assert f"the chat template ({CORPUS / name}.jinja) cannot take" in message
+    assert REFUSED_BECAUSE[name] in message
+    assert "Serve a template that renders every message of an agent conversation" in message
+    assert "VLLM_ALLOWED_TOOLS_FALLBACK=filter-catalog" in message
+
+
+def test_start_up_warns_where_reuse_holds_within_an_agent_loop_only(model_dir, caplog) -> None:
+    argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
+            "--chat-template", str(CORPUS / "tool_chat_template_mistral3.jinja")]
+    with caplog.at_level("INFO", logger="vllm.allowed_tools"):
+        choice = choose_placement(argv, {})
+    assert choice.placement == LAST_MESSAGE
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and warnings[0].endswith(choice.notes[0]), warnings
+    assert ("prompt reuse holds within an agent loop (tool results appended after the last user "
+            "message) but not across user turns: " + CATALOG_MOVES) in warnings[0]
 
 
 def test_placed_policy_follows_the_whole_history_in_the_transcript(bench, tokenizer) -> None:
@@ -220,3 +304,128 @@ def test_placed_policy_follows_the_whole_history_in_the_transcript(bench, tokeni
         if placed[:history_end] != plain[:history_end] or transcript.allowed[-1][0] not in placed[history_end:]:
             broken.append(name)
     assert not broken, f"the policy lands inside the history or goes missing: {broken}"
+
+
+# ----------------------------------------------------------------------------------------- reuse
+
+#: what a user turn appends to the transcript's last history: the agent's answer, then the user
+FINAL_ANSWER = {"role": "assistant", "content": "All five steps are done."}
+FOLLOW_UP = {"role": "user", "content": "Thanks. Now the second list, please."}
+THOUGHT = "Think it through."
+#: percent of each previous prompt's history the next prompt begins with (in-process, tiny
+#: tokenizer, the benchmark's transcript): within the agent loop (turns 2-6, one call and its
+#: result more each), across a user turn (after turn 6, an answer and a user message), and across
+#: that user turn with every assistant turn's reasoning passed back. Unlisted: 100, 100, 100.
+REUSE = {
+    # the system message shows only inside the last user message, while that is the last message
+    # (turn 1 only); the catalog sits before the last user message
+    "mistralai-Mistral-Nemo-Instruct-2407": (99, 0, 0),
+    "mistralai-Mistral-Small-3.1-24B-Instruct-2503": (100, 20, 20),
+    "tool_chat_template_mistral3": (100, 20, 20),
+    # reasoning rendered only after the last user message (or final answer)
+    "GLM-4.6": (100, 100, 70),
+    "Qwen-Qwen3-0.6B": (100, 100, 73),
+    "moonshotai-Kimi-K2-Thinking": (100, 100, 53),
+    "unsloth-MiniMax-M2": (100, 100, 59),
+}
+
+
+def _with_reasoning(messages: list[dict]) -> list[dict]:
+    """The history as a thinking model's client replays it: every assistant turn with its
+    reasoning (vLLM hands a template both keys)."""
+    return [{**message, "reasoning": THOUGHT, "reasoning_content": THOUGHT}
+            if message["role"] == "assistant" else message for message in messages]
+
+
+def _placed(template: ServedTemplate, placement: str, messages: list[dict], allowed, tools) -> str:
+    body = place_policy({"messages": [dict(m) for m in messages]}, "chat", placement, "auto", allowed)
+    return template.render(body["messages"], tools, {})
+
+
+def _kept(template: ServedTemplate, placement: str, before: tuple, after: tuple, tools) -> tuple[int, int]:
+    """(of the prompt ``before``'s history, up to the end of its last message's text, the tokens
+    the prompt ``after`` begins with; that history's tokens). One token of slack, where a tokenizer
+    merges the history's last token with what follows it, as the probe allows."""
+    first = _placed(template, placement, *before, tools)
+    last = before[0][-1]["content"]
+    history = len(template.tokenize(first[:first.rfind(last) + len(last)]))
+    shared = common_prefix_length(template.tokenize(first),
+                                  template.tokenize(_placed(template, placement, *after, tools)))
+    return min(shared + 1, history), history
+
+
+def measure_reuse(bench, template: ServedTemplate, placement: str) -> tuple[int, int, int]:
+    """The three figures of :data:`REUSE` for one template under its placement."""
+    transcript = bench.make_transcript()
+    tools = canonical_tools(transcript.tools, "chat")
+    turns = [(transcript.messages(turn, arguments_as_text=False), transcript.allowed[turn - 1])
+             for turn in range(1, bench.TURNS + 1)]
+    loop = [_kept(template, placement, a, b, tools) for a, b in zip(turns, turns[1:])]
+    figures = [sum(kept for kept, _ in loop) / sum(history for _, history in loop)]
+    for history in (turns[-1][0], _with_reasoning(turns[-1][0])):
+        kept, total = _kept(template, placement, (history, turns[-1][1]),
+                            ([*history, FINAL_ANSWER, FOLLOW_UP], transcript.allowed[0]), tools)
+        figures.append(kept / total)
+    loop_reasoning = [_kept(template, placement, (_with_reasoning(a[0]), a[1]),
+                            (_with_reasoning(b[0]), b[1]), tools) for a, b in zip(turns, turns[1:])]
+    lost = [history - kept for kept, history in loop]
+    assert [history - kept for kept, history in loop_reasoning] == lost   # the loop keeps reasoning
+    return tuple(round(100 * figure) for figure in figures)
+
+
+@pytest.mark.parametrize("name", sorted(PLACEMENT))
+def test_reuse_within_the_agent_loop_and_across_a_user_turn(bench, tokenizer, name: str) -> None:
+    measured = measure_reuse(bench, served(name, tokenizer), PLACEMENT[name])
+    assert measured == REUSE.get(name, (100, 100, 100)), f"{name}: {measured}"
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    """The template table of docs/serving.md: template name -> its other cells."""
+    rows = {}
+    for line in SERVING_DOC.read_text(encoding="utf-8").splitlines():
+        match = re.match(r"^\| `([^`]+)` \|(.*)\|$", line)
+        if match and match.group(1) in TEMPLATES:
+            rows[match.group(1)] = [cell.strip() for cell in match.group(2).split("|")]
+    return rows
+
+
+def test_the_docs_template_table_says_what_the_tests_measure() -> None:
+    rows = _doc_rows()
+    assert sorted(rows) == TEMPLATES, "docs/serving.md's template table lacks or adds templates"
+    for name, cells in rows.items():
+        expected = [PLACEMENT[name], *(f"{figure}%" for figure in REUSE.get(name, (100, 100, 100)))] \
+            if name in PLACEMENT else ["refused", "–", "–", "–"]
+        assert cells[:4] == expected, f"{name}: the docs say {cells[:4]}, the tests {expected}"
+
+
+def test_kimi_k2_thinking_re_renders_at_a_user_turn_exactly_the_reasoning_it_drops(bench, tokenizer) -> None:
+    """Kimi-K2-Thinking renders an assistant turn's reasoning only after its last assistant turn
+    without calls (the final answer), each earlier one with an empty ``<think></think>``. So once an
+    answer and a user message follow an agent loop whose reasoning was passed back, the next prompt
+    leaves the previous one exactly inside the loop's first call, at its reasoning, under every
+    placement the probe accepts (no placement can keep it); the answer's own reasoning is never
+    rendered back. Without reasoning in the history the whole history is kept."""
+    template = served("moonshotai-Kimi-K2-Thinking", tokenizer)
+    transcript = bench.make_transcript()
+    tools = canonical_tools(transcript.tools, "chat")
+    history = _with_reasoning(transcript.messages(bench.TURNS, arguments_as_text=False))
+    answer = {**FINAL_ANSWER, "reasoning": "Answer it.", "reasoning_content": "Answer it."}
+    for placement in (SYSTEM_MESSAGE, LAST_MESSAGE):
+        assert check_placement(template.render, placement, template.tokenize) is None
+        before = _placed(template, placement, history, ["read_contact"], tools)
+        after = _placed(template, placement, [*history, answer, FOLLOW_UP], ["read_contact"], tools)
+        first_call = before.index(f"<think>{THOUGHT}</think><|tool_calls_section_begin|>")
+        assert common_prefix_length(before, after) == first_call + len("<think>")
+        assert THOUGHT not in after and "Answer it." not in after
+        assert after.count("<think></think>") == bench.TURNS   # five calls and the answer
+
+
+def test_start_up_says_what_a_thinking_template_drops_at_a_user_turn(model_dir, caplog) -> None:
+    argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
+            "--chat-template", str(CORPUS / "moonshotai-Kimi-K2-Thinking.jinja")]
+    with caplog.at_level("INFO", logger="vllm.allowed_tools"):
+        choice = choose_placement(argv, {})
+    said = {r.levelname: r.getMessage() for r in caplog.records if "new user turn" in r.getMessage()}
+    assert list(said) == ["INFO"] and choice.notes == [choice.probe.reasoning_note]
+    assert ("reasoning passed back in the history is reused within an agent loop but prefilled "
+            "again at each new user turn: an assistant turn's " + REASONING_DROPPED) in said["INFO"]

@@ -161,7 +161,9 @@ def constraint_stage_finding(argv: Sequence[str], environ: dict[str, str]) -> Fi
 
 
 def placement_finding(argv: Sequence[str], environ: dict[str, str], served: Any) -> Finding:
-    """The probe finds where the per-turn policy enters the served prompt after a stable prefix."""
+    """The probe finds where the per-turn policy enters the served prompt after a stable prefix;
+    a warning where a new user turn moves part of that prefix (reuse then holds within an agent
+    loop only), and the reasoning a user turn drops said in the verdict's reason."""
     from ..request.placement import FILTER_CATALOG
     from ..vllm_glue.served_template import PLACEMENT_ENV, choose_placement
     try:
@@ -174,8 +176,12 @@ def placement_finding(argv: Sequence[str], environ: dict[str, str], served: Any)
         return _warn("placement", f"filter-catalog ({how}): the model sees only the allowed tools, so "
                      "prompt-cache reuse breaks whenever the allowed subset changes",
                      placement=choice.placement, origin=choice.origin)
+    notes = "; ".join(choice.notes)
+    details = {"placement": choice.placement, "origin": choice.origin, "reuse_notes": choice.notes}
+    if choice.probe is not None and choice.probe.user_turn:
+        return _warn("placement", f"{choice.placement} in {choice.origin}: {notes}", **details)
     return _ok("placement", f"{choice.placement} in {choice.origin}: the policy follows a stable, "
-               "cacheable history", placement=choice.placement, origin=choice.origin)
+               f"cacheable history{'; ' + notes if notes else ''}", **details)
 
 
 def format_limits_finding(parser: str | None) -> Finding:

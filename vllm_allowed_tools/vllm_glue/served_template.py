@@ -66,11 +66,18 @@ class PlacementChoice:
     placement: str
     origin: str
     served: ServedTemplate | None = None
+    #: the probe that chose the placement (None: not probed), with what it cannot keep reusable
+    probe: ProbeResult | None = None
     _request_templates: dict[str, ProbeResult] | None = None
 
     @property
     def filter_catalog(self) -> bool:
         return self.placement == FILTER_CATALOG
+
+    @property
+    def notes(self) -> list[str]:
+        """What the prefix cache cannot reuse under this template although the placement passed."""
+        return self.probe.reuse_notes() if self.probe else []
 
     def for_request_template(self, text: str) -> ProbeResult:
         """The placement for a template a request brings (cached by content, at most 64)."""
@@ -144,14 +151,16 @@ def choose_placement(argv: Sequence[str], environ: Mapping[str, str] | None = No
     order = PROBE_ORDER if requested == "auto" else (requested,)
     result = probe_template(served.render, served.tokenize, order)
     if result.placement is not None:
-        return _chosen(PlacementChoice(result.placement, served.origin, served), "probed")
+        return _chosen(PlacementChoice(result.placement, served.origin, served, result), "probed")
     if environ.get(FALLBACK_ENV, "").strip() == FILTER_CATALOG:
         logger.warning("vllm-allowed-tools: no policy placement fits %s (%s); filtering the "
                        "catalog instead, as %s asks", served.origin, result.explain(), FALLBACK_ENV)
         return PlacementChoice(FILTER_CATALOG, served.origin, served)
+    advice = "a template that renders every message of an agent conversation, tool calls and " \
+        "results included" if result.dropped else "a template that can"
     raise CapabilityError(
         f"the chat template ({served.origin}) cannot take the per-turn allowed-tools policy after "
-        f"a stable prompt prefix: {result.explain()}. Serve a template that can (ours: "
+        f"a stable prompt prefix: {result.explain()}. Serve {advice} (ours: "
         "vllm_allowed_tools.templates), or opt in to catalog filtering with "
         f"{FALLBACK_ENV}={FILTER_CATALOG} (breaks prompt-cache reuse when the subset changes)",
         capability="chat_template", status=500)
@@ -171,4 +180,10 @@ def check_tokenizer_mode(argv: Sequence[str]) -> None:
 def _chosen(choice: PlacementChoice, how: str) -> PlacementChoice:
     logger.info("vllm-allowed-tools: chat template %s: the per-turn policy goes in by %s (%s)",
                 choice.origin, choice.placement, how)
+    if choice.probe is not None and choice.probe.user_turn_note:
+        logger.warning("vllm-allowed-tools: chat template %s: %s", choice.origin,
+                       choice.probe.user_turn_note)
+    if choice.probe is not None and choice.probe.reasoning_note:
+        logger.info("vllm-allowed-tools: chat template %s: %s", choice.origin,
+                    choice.probe.reasoning_note)
     return choice
