@@ -214,3 +214,23 @@ def test_a_grammar_that_does_not_compile_is_refused_as_such_first():
         rewrite_request(body(EXEC, bad, choice=selection("required", "apply_patch")), "responses",
                         parser="allowed_mistral")
     assert caught.value.param == "tools[1].format.definition"
+
+
+def test_a_plain_auto_turn_decodes_custom_calls_held_to_their_grammar():
+    """Codex's turns: plain ``auto`` with its custom ``apply_patch``. The catalog-wide grammar every
+    plain ``auto`` turn gets (docs/decode-path.md) takes custom tools in too, each held to its
+    grammar, so a model can call them at all, and only with an input the grammar admits."""
+    from vllm_allowed_tools.decode.grammar import turn_tag
+    from vllm_allowed_tools.request.custom_tools import input_grammar
+    from vllm_allowed_tools.request.rewrite import WireAllowlist, constrain_to_catalog
+    rewritten = constrain_to_catalog(rewrite_request(body(EXEC, APPLY_PATCH, NOTE), "responses"), "responses")
+    wire = WireAllowlist.from_wire(rewritten.body["vllm_allowed_tools"])
+    assert wire.allowed == {"exec_command", "apply_patch", "note"} and wire.mode == "auto"
+    functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict,
+                                 input_grammar(wire.custom.get(spec.flat_name)))
+                 for spec in rewritten.allowlist.catalog]
+    tag = turn_tag("hermes", functions, catalog_digest=wire.catalog_digest,
+                   allowlist_digest=wire.allowlist_digest, mode="auto", parallel_tool_calls=True)
+    assert accepts(tag, "Patching. " + CALLS["hermes"]("apply_patch", PATCH))
+    assert not accepts(tag, "Patching. " + CALLS["hermes"]("apply_patch", "rm -rf /"))
+    assert accepts(tag, "Noting. " + CALLS["hermes"]("note", "anything"))
