@@ -234,3 +234,32 @@ def test_a_plain_auto_turn_decodes_custom_calls_held_to_their_grammar():
     assert accepts(tag, "Patching. " + CALLS["hermes"]("apply_patch", PATCH))
     assert not accepts(tag, "Patching. " + CALLS["hermes"]("apply_patch", "rm -rf /"))
     assert accepts(tag, "Noting. " + CALLS["hermes"]("note", "anything"))
+
+
+#: Codex's own ``apply_patch`` grammar (as the pinned Codex CLI, clients/codex, sends it)
+CODEX_APPLY_PATCH = r'''start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+hunk: add_hunk | delete_hunk | update_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+delete_hunk: "*** Delete File: " filename LF
+update_hunk: "*** Update File: " filename LF change_move? change?
+filename: /(.+)/
+add_line: "+" /(.*)/ LF -> line
+change_move: "*** Move to: " filename LF
+change: (change_context | change_line)+ eof_line?
+change_context: ("@@" | "@@ " /(.+)/) LF
+change_line: ("+" | "-" | " ") /(.*)/ LF
+eof_line: "*** End of File" LF
+%import common.LF
+'''
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])
+def test_codexs_apply_patch_is_held_to_its_grammar(fmt):
+    tool = {**APPLY_PATCH, "format": {"type": "grammar", "syntax": "lark", "definition": CODEX_APPLY_PATCH}}
+    tag = allowed_tools_grammar(body(EXEC, tool, choice=selection("auto", "apply_patch", "exec_command")),
+                                fmt, "responses")
+    patch = '*** Begin Patch\n*** Update File: src/a.py\n@@ def f():\n-    return "x"\n+    return "y\\t"\n*** End Patch\n'
+    assert accepts(tag, "On it. " + CALLS[fmt]("apply_patch", patch))
+    assert not accepts(tag, "On it. " + CALLS[fmt]("apply_patch", patch.replace("@@", "@")))
