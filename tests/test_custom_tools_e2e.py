@@ -1,8 +1,8 @@
 """A custom grammar tool under ``allowed_tools`` on a real ``vllm serve``: the random-weight model,
 held to the tool's grammar while it decodes, always calls the selected custom tool with an input the
 grammar admits, unary and streamed, on a JSON-argument format (hermes: the input is a JSON string)
-and an XML one (qwen3_coder: the input is the raw parameter value). The grammar is bounded
-(``"a" | "b" "c"~1..3``) so every call ends within the token limit.
+and an XML one (qwen3_coder: the input is the raw parameter value). The grammar is bounded so every
+call ends within the token limit.
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
 
 pytestmark = pytest.mark.server
 
-GRAMMAR = 'start: "a" | "b" "c"~1..3'
+#: bounded, and framed by a quote and a backslash: what a JSON string writes escaped (hermes) and
+#: an XML value carries raw (qwen3_coder)
+GRAMMAR = r'start: "\"" ("a" | "b" "c"~1..3) "\\"'
 SHORT = {"type": "custom", "name": "short", "description": "Say it short.",
          "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR}}
 EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.",
         "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
-ADMITTED = {"a", "bc", "bcc", "bccc"}   # every input the grammar admits
+ADMITTED = {f'"{core}\\' for core in ("a", "bc", "bcc", "bccc")}   # every input the grammar admits
 SEEDS = (0, 1, 2)
 
 
