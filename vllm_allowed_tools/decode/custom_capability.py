@@ -29,7 +29,8 @@ def carries_custom_inputs(wire_format_name: str, mode: str) -> bool:
     from .grammar import AllowedFunction, build_structural_tag
     probe = AllowedFunction(_PROBE_NAME, None, None, input_grammar=_PROBE_GRAMMAR)
     try:
-        build_structural_tag(wire_format_name, [probe], mode, parallel_tool_calls=False)  # type: ignore[arg-type]
+        build_structural_tag(wire_format_name, [probe], mode,  # type: ignore[arg-type]
+                             parallel_tool_calls=False)
     except CapabilityError:
         return False
     return True

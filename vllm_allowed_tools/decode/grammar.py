@@ -352,7 +352,8 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
     if policy is None or not policy.has_allowlist or policy.mode is None:
         return None
     from ..request.custom_tools import input_grammar
-    functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict, input_grammar(spec.grammar))
+    functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict,
+                                 input_grammar(spec.grammar, spec.flat_name))
                  for spec in policy.allowed_specs]
     return turn_tag(wire_format, functions, catalog_digest=policy.catalog_digest,
                     allowlist_digest=policy.allowlist_digest, mode=policy.mode,

@@ -180,7 +180,8 @@ class _CatalogParser:
             if isinstance(fmt, Mapping) and fmt.get("type") == "grammar" else None
         if grammar is not None and not all(isinstance(part, str) for part in grammar):
             grammar = None   # refused with its field named by custom_tools before any use
-        self.entries.append(_Entry(FunctionSpec.custom(name, description, grammar), param))  # type: ignore[arg-type]
+        spec = FunctionSpec.custom(name, description, grammar)  # type: ignore[arg-type]
+        self.entries.append(_Entry(spec, param))
 
 
 def _kind_word(spec: FunctionSpec) -> str:
