@@ -128,6 +128,27 @@ def test_elicitation_items_validate_against_the_proposal_shape() -> None:
         "item: 'arguments_digest' is a required property"]
 
 
+def test_openai_custom_tool_calls_validate_against_openais_shapes() -> None:
+    """Open Responses defines no custom tools; OpenAI's ``custom_tool_call`` item, its input's
+    events and a custom tool named in ``tool_choice`` are checked against OpenAI's own shapes."""
+    call = {"type": "custom_tool_call", "id": "ctc_1", "call_id": "call_1", "name": "apply_patch",
+            "input": "*** Begin Patch\n", "status": "completed", "async": None, "caller": None}
+    response = c.conformed_response(load("responses_unary_single")["body"])
+    for choice in ({"type": "allowed_tools", "mode": "required", "tools": [{"type": "custom", "name": "x"}]},
+                   {"type": "custom", "name": "x"}):
+        assert c.check_response({**response, "output": [call], "tool_choice": choice}) == []
+    assert c.check_response({**response, "output": [{**call, "input": None}]}) == [
+        "output[0].input: None is not of type 'string'"]
+    delta = {"type": "response.custom_tool_call_input.delta", "sequence_number": 4, "item_id": "ctc_1",
+             "output_index": 0, "delta": "*** "}
+    done = {**{k: v for k, v in delta.items() if k != "delta"}, "type": "response.custom_tool_call_input.done",
+            "input": "*** Begin Patch\n"}
+    assert c.check_event(delta) == [] and c.check_event(done) == []
+    assert c.check_event({**done, "input": 1}) == ["input: 1 is not of type 'string'"]
+    assert c.check_event({"type": "response.output_item.added", "sequence_number": 3, "output_index": 0,
+                          "item": {**call, "input": "", "status": "in_progress"}}) == []
+
+
 def test_unknown_event_types_and_mismatched_terminal_events_are_reported() -> None:
     assert c.check_event({"type": "response.telepathy", "sequence_number": 0}) == [
         "type: 'response.telepathy' is not an Open Responses streaming event type"]

@@ -168,3 +168,113 @@ def test_streamed_a_custom_input_its_grammar_does_not_admit_fails_before_the_cal
     assert kinds[-1] == "response.failed" and "response.custom_tool_call_input.done" not in kinds
     assert guard.violation.reason == "custom_input_invalid"
     assert "custom_input_invalid" in out[-1]["response"]["error"]["message"]
+
+
+# ------------------------------------------------------------------- allowed_tools over custom tools
+
+def select(mode, *entries):
+    return {"type": "allowed_tools", "mode": mode, "tools": list(entries)}
+
+
+def custom(name):
+    return {"type": "custom", "name": name}
+
+
+def function(name):
+    return {"type": "function", "name": name}
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_allowed_tools_selects_custom_tools_as_custom_tools_only(mode):
+    request = body(EXEC, APPLY_PATCH, DIGITS, FREE, tool_choice=select(mode, custom("apply_patch"), custom("note")))
+    rewritten = rewrite_request(request, "responses")
+    turn = rewritten.allowlist
+    assert turn.mode == mode and turn.allowed_flat_names == ("apply_patch", "note")
+    assert turn.allows("custom", "apply_patch") and turn.allows("custom", "note")
+    assert not turn.allows("custom", "pin") and not turn.allows("function", "exec_command")
+    assert not turn.allows("function", "apply_patch")   # a custom tool's name is no function's
+    assert turn.knows("custom", "pin") and not turn.knows("function", "pin")
+    # what the parsers see: the names, and each custom tool's grammar (None: free text)
+    wire = rewritten.body["vllm_allowed_tools"]
+    assert wire["allowed"] == ["apply_patch", "note"]
+    assert wire["custom"] == {"apply_patch": ["lark", PATCH_GRAMMAR], "pin": ["regex", "[0-9]{4}"], "note": None}
+    assert rewritten.body["tool_choice"] == mode
+    assert rewritten.body["chat_template_kwargs"]["allowed_tools_policy"]["names"] == ["apply_patch", "note"]
+    from vllm_allowed_tools.request.rewrite import WireAllowlist
+    parsed = WireAllowlist.from_wire(wire)
+    assert parsed.allows("custom", "apply_patch") and not parsed.allows("function", "apply_patch")
+    assert not parsed.allows("custom", "pin") and parsed.knows("custom", "pin")
+
+
+def test_functions_and_custom_tools_are_selected_together():
+    request = body(EXEC, APPLY_PATCH, tool_choice=select("required", function("exec_command"), custom("apply_patch")))
+    turn = rewrite_request(request, "responses").allowlist
+    assert turn.allows("function", "exec_command") and turn.allows("custom", "apply_patch")
+
+
+def test_the_catalog_digest_binds_a_custom_tools_grammar():
+    def digest(tool):
+        return rewrite_request(body(EXEC, tool, tool_choice=select("auto", custom(tool["name"]))),
+                               "responses").allowlist.catalog_digest
+    other = {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": PATCH_GRAMMAR + "\n"}}
+    assert len({digest(APPLY_PATCH), digest(other), digest({**APPLY_PATCH, "format": {"type": "text"}})}) == 3
+
+
+@pytest.mark.parametrize("entries,param,reason,words", [
+    ([function("exec_command"), custom("exec_command")], "tool_choice.tools[1].name", "tool_type_mismatch",
+     "is a function tool, not a custom tool"),
+    ([function("apply_patch")], "tool_choice.tools[0].name", "tool_type_mismatch",
+     'select it as {"type": "custom", "name": "apply_patch"}'),
+    ([custom("aply_patch")], "tool_choice.tools[0].name", "unknown_function", "Did you mean 'apply_patch'?"),
+    ([custom("")], "tool_choice.tools[0].name", "malformed", "custom tool"),
+])
+def test_a_custom_selector_that_names_no_custom_tool_is_a_400_naming_it(entries, param, reason, words):
+    from vllm_allowed_tools.errors import InvalidSelectionError
+    with pytest.raises(InvalidSelectionError) as caught:
+        rewrite_request(body(EXEC, APPLY_PATCH, tool_choice=select("required", *entries)), "responses")
+    assert (caught.value.status, caught.value.param, caught.value.reason) == (400, param, reason)
+    assert words in caught.value.message
+
+
+def test_a_custom_tool_and_a_function_of_one_name_are_refused_as_ambiguous():
+    from vllm_allowed_tools.errors import InvalidSelectionError
+    twin = {**APPLY_PATCH, "name": "exec_command"}
+    with pytest.raises(InvalidSelectionError) as caught:
+        rewrite_request(body(EXEC, twin, tool_choice=select("auto", custom("exec_command"))), "responses")
+    assert caught.value.reason == "ambiguous_name" and caught.value.param == "tools[1].name"
+    assert "custom tool 'exec_command'" in caught.value.message
+
+
+def test_chat_completions_selects_no_custom_tool():
+    from vllm_allowed_tools.errors import InvalidSelectionError
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "exec_command"}}],
+            "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+                {"type": "custom", "custom": {"name": "apply_patch"}}]}}}
+    with pytest.raises(InvalidSelectionError) as caught:
+        rewrite_request(chat, "chat")
+    assert caught.value.param == "tool_choice.allowed_tools.tools[0].type"
+    assert "Responses API only" in caught.value.message
+
+
+def test_a_named_custom_choice_allows_that_custom_tool_only():
+    turn = rewrite_request(body(EXEC, APPLY_PATCH, DIGITS, tool_choice=custom("pin")), "responses").allowlist
+    assert turn.choice == "named" and turn.allowed_flat_names == ("pin",)
+    assert turn.allows("custom", "pin") and not turn.allows("custom", "apply_patch")
+    assert turn.internal_tool_choice() == custom("pin")   # vLLM decodes it as it decodes named choices
+
+
+def test_the_guard_lets_out_exactly_the_selected_custom_tools():
+    request = body(EXEC, APPLY_PATCH, DIGITS, tool_choice=select("required", custom("pin")))
+    rewritten = rewrite_request(request, "responses")
+    contract = _output_contract(rewritten, rewritten.request, "responses", strict_all=False)
+    check_responses_object(_response(_custom_call("pin", "2024")), rewritten.allowlist, contract=contract)
+    with pytest.raises(AllowedToolsViolation) as caught:
+        check_responses_object(_response(_custom_call("apply_patch", PATCH)), rewritten.allowlist,
+                               contract=contract)
+    assert caught.value.kind == "custom"
+    with pytest.raises(AllowedToolsViolation) as caught:   # selected, but the input is not the grammar's
+        check_responses_object(_response(_custom_call("pin", "20x4")), rewritten.allowlist, contract=contract)
+    assert caught.value.reason == "custom_input_invalid"
+    guard = ResponsesStreamGuard(rewritten.allowlist, contract=contract)
+    assert [e["type"] for e in run_guard(guard, _stream("2024"))][-1] == "response.completed"

@@ -193,14 +193,16 @@ def test_allowed_tools_accepts(case: str, api: str, body: dict[str, Any],
     assert list(policy.catalog) == sorted(policy.catalog, key=lambda s: s.identity.sort_key())
 
 
-def test_responses_catalog_flattens_namespaces_and_skips_non_functions() -> None:
+def test_responses_catalog_flattens_namespaces_and_skips_hosted_tools() -> None:
     policy = resolve_allowlist(r_allowed(R_TOOLS, "auto", r_sel("get_weather")), "responses")
     assert policy is not None
     assert [s.flat_name for s in policy.catalog] == [
-        "crm__lookup", "crm__read_file", "get_weather", "github__create_issue", "github__lookup",
-        "mcp__computer_use", "read_file"]
-    assert policy.lookup("apply_patch") is None and policy.lookup("web_search") is None
-    assert policy.lookup("github__raw") is None  # custom namespace member
+        "apply_patch", "crm__lookup", "crm__read_file", "get_weather", "github__create_issue",
+        "github__lookup", "mcp__computer_use", "read_file"]
+    custom = policy.lookup("apply_patch")   # a top-level custom tool: a spec of its own kind
+    assert custom.kind == "custom" and custom.grammar is None and custom.parameters["required"] == ["input"]
+    assert policy.lookup("web_search") is None
+    assert policy.lookup("github__raw") is None  # custom namespace member (vLLM serves none)
     # the model emits flat names; a bare member name is not a flat name
     assert policy.lookup("create_issue") is None
     assert policy.lookup("github__create_issue").identity == I("github", "create_issue")
@@ -241,9 +243,29 @@ REJECT: list[RejectRow] = [
     ("r-unknown-close-match", "responses", r_allowed(R_TOOLS, "auto", r_sel("get_wether")),
      "unknown_function", "tool_choice.tools[0].name", "invalid_allowed_tools",
      "Did you mean 'get_weather'?"),
-    ("r-unknown-custom-tool-name", "responses", r_allowed(R_TOOLS, "auto", r_sel("apply_patch")),
+    ("r-custom-tool-selected-as-function", "responses", r_allowed(R_TOOLS, "auto", r_sel("apply_patch")),
+     "tool_type_mismatch", "tool_choice.tools[0].name", "invalid_allowed_tools",
+     "'apply_patch' is a custom tool, not a function: select it as {\"type\": \"custom\", "
+     "\"name\": \"apply_patch\"}"),
+    ("r-function-selected-as-custom", "responses",
+     r_allowed(R_TOOLS, "auto", r_sel("read_file", {"type": "custom", "name": "get_weather"})),
+     "tool_type_mismatch", "tool_choice.tools[1].name", "invalid_allowed_tools",
+     "'get_weather' is a function tool, not a custom tool"),
+    ("r-unknown-custom", "responses",
+     r_allowed(R_TOOLS, "auto", r_sel({"type": "custom", "name": "apply_ptch"})),
      "unknown_function", "tool_choice.tools[0].name", "invalid_allowed_tools",
-     "'apply_patch' is a custom tool, and only function tools can be selected"),
+     "'apply_ptch' is not a custom tool in `tools`; the custom tools are: apply_patch. Did you mean "
+     "'apply_patch'?"),
+    ("r-custom-namespace-member", "responses",
+     r_allowed(R_TOOLS, "auto", r_sel({"type": "custom", "name": "github__raw"})),
+     "unknown_function", "tool_choice.tools[0].name", "invalid_allowed_tools",
+     "'github__raw' is a custom tool inside a namespace, which vLLM does not serve"),
+    ("r-custom-with-namespace", "responses",
+     r_allowed(R_TOOLS, "auto", r_sel({"type": "custom", "name": "apply_patch", "namespace": "x"})),
+     "malformed", "tool_choice.tools[0].namespace", "invalid_allowed_tools", "custom tools have no namespace"),
+    ("r-custom-without-name", "responses",
+     r_allowed(R_TOOLS, "auto", r_sel({"type": "custom", "custom": {"name": "apply_patch"}})),
+     "malformed", "tool_choice.tools[0].name", "invalid_allowed_tools", "Chat Completions shape"),
     ("r-unknown-namespace", "responses",
      r_allowed(R_TOOLS, "auto", r_sel({"type": "function", "name": "lookup", "namespace": "jira"})),
      "unknown_function", "tool_choice.tools[0].name", "invalid_allowed_tools",
@@ -275,13 +297,16 @@ REJECT: list[RejectRow] = [
     *[(f"r-non-function-{t}", "responses",
        r_allowed(R_TOOLS, "auto", r_sel("get_weather", {"type": t, "name": "x", "server_label": "s"})),
        "non_function_selector", "tool_choice.tools[1].type", "invalid_allowed_tools",
-       "only function tools can be selected in allowed_tools")
-      for t in ("mcp", "custom", "web_search", "file_search", "image_generation", "namespace",
+       "only function tools and (on the Responses API) custom tools can be selected in allowed_tools")
+      for t in ("mcp", "web_search", "file_search", "image_generation", "namespace",
                 "tool_search", "computer_use_preview", "frobnicate")],
     *[(f"c-non-function-{t}", "chat",
        c_allowed(C_TOOLS, "auto", c_sel({"type": t, t: {"name": "apply_patch"}})),
        "non_function_selector", "tool_choice.allowed_tools.tools[0].type", "invalid_allowed_tools",
-       "only function tools can be selected") for t in ("custom", "mcp", "web_search")],
+       "only function tools can be selected") for t in ("mcp", "web_search")],
+    ("c-custom-selector", "chat", c_allowed(C_TOOLS, "auto", c_sel({"type": "custom", "custom": {"name": "apply_patch"}})),
+     "non_function_selector", "tool_choice.allowed_tools.tools[0].type", "invalid_allowed_tools",
+     "cannot be selected on Chat Completions: vLLM serves custom tools on the Responses API only"),
     ("r-namespace-selector-hint", "responses",
      r_allowed(R_TOOLS, "auto", [{"type": "namespace", "name": "github"}]), "non_function_selector",
      "tool_choice.tools[0].type", "invalid_allowed_tools", "flat name `<namespace>__<name>`"),
@@ -356,8 +381,8 @@ REJECT: list[RejectRow] = [
     ("r-empty-tools", "responses", r_allowed([], "auto", r_sel("read_file")), "no_function_tools",
      "tools", "invalid_tools", "contains no function tool"),
     ("r-only-hosted", "responses",
-     r_allowed([{"type": "web_search"}, {"type": "custom", "name": "apply_patch"},
-                r_ns("github", [{"type": "custom", "name": "raw"}])], "auto", r_sel("apply_patch")),
+     r_allowed([{"type": "web_search"}, r_ns("github", [{"type": "custom", "name": "raw"}])], "auto",
+               r_sel("apply_patch")),
      "no_function_tools", "tools", "invalid_tools", "contains no function tool"),
     ("c-only-custom", "chat", c_allowed([{"type": "custom", "custom": {"name": "apply_patch"}}], "auto",
                                         c_sel("apply_patch")),
@@ -564,7 +589,8 @@ def test_named_choice(api: str, body: dict[str, Any], expected: ToolIdentity) ->
     # hosted / custom / MCP / unknown choices are not ours to model
     ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "web_search_preview"}}),
     ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "mcp", "server_label": "deepwiki"}}),
-    ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "custom", "name": "apply_patch"}}),
+    ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "custom", "name": "get_weather"}}),
+    ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "function", "name": "apply_patch"}}),
     ("chat", {"tools": C_TOOLS, "tool_choice": {"type": "custom", "custom": {"name": "apply_patch"}}}),
     ("chat", {"tools": C_TOOLS, "tool_choice": "sometimes"}),
     ("chat", {"tools": C_TOOLS, "tool_choice": 3}),

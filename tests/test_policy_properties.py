@@ -58,7 +58,8 @@ fns = st.builds(Fn, st.none(), names, descriptions, schemas, stricts)
 
 @st.composite
 def catalogs(draw: st.DrawFn, *, unique: bool = True) -> tuple[list[dict[str, Any]], list[Fn]]:
-    """A Responses `tools` array (functions, namespaces, hosted/custom tools) and its functions.
+    """A Responses `tools` array (functions, namespaces, hosted tools, custom namespace members)
+    and its functions.
 
     With ``unique`` every flat name occurs once (what allowed_tools accepts)."""
     groups: list[tuple[str | None, list[Fn]]] = []
@@ -90,9 +91,9 @@ def catalogs(draw: st.DrawFn, *, unique: bool = True) -> tuple[list[dict[str, An
                 member_tools.append({"type": "custom", "name": draw(names)})
             tools.append({"type": "namespace", "name": namespace, "description": "d",
                           "tools": member_tools})
-        if draw(st.booleans()):
+        if draw(st.booleans()):   # (a top-level custom tool is a catalog entry: test_custom_tools)
             tools.append(draw(st.sampled_from([{"type": "web_search"}, {"type": "file_search"},
-                                               {"type": "custom", "name": "apply_patch"}])))
+                                               {"type": "image_generation"}])))
     return tools, functions
 
 
@@ -224,9 +225,9 @@ def test_non_function_and_unknown_selectors_are_rejected(catalog: tuple[list[Any
                   | {fn.name for fn in functions if fn.namespace is not None})
     kind = data.draw(st.sampled_from(["non_function", "unknown"]))
     if kind == "non_function":
-        bad_type = data.draw(st.sampled_from(["mcp", "custom", "web_search", "file_search",
+        bad_type = data.draw(st.sampled_from(["mcp", "web_search", "file_search",
                                               "namespace", "image_generation"])
-                             | st.text(max_size=8).filter(lambda t: t != "function"))
+                             | st.text(max_size=8).filter(lambda t: t not in ("function", "custom")))
         bad = {"type": bad_type, "name": data.draw(st.sampled_from(functions)).identity.flat_name,
                "server_label": "x"}
     else:

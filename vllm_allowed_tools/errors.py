@@ -41,6 +41,7 @@ SELECTION_REASONS = frozenset({
     "ambiguous_name",
     "duplicate_tool",
     "non_function_selector",
+    "tool_type_mismatch",
     "malformed",
     "invalid_mode",
     "no_function_tools",

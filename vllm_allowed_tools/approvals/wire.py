@@ -245,8 +245,9 @@ class ResponseApprovals:
         if self.catalog.choice == "none":
             return False
         for spec in self.catalog.catalog:
-            if self.catalog.allowed is not None and spec.identity not in self.catalog.allowed:
-                continue
+            if spec.kind == "custom" or (self.catalog.allowed is not None
+                                         and spec.identity not in self.catalog.allowed):
+                continue   # a custom tool the policy gates is refused before this (middleware)
             hint, where = self.hints.get(spec.identity.flat_name, (None, "approval"))
             if self.engine.needs_approval(ProposedCall(call_id="", identity=spec.identity,
                                                        arguments="", definition_digest="",

@@ -25,6 +25,7 @@ from xgrammar.structural_tag import (
 )
 
 from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
+from .custom_inputs import marked, with_custom_inputs
 from .json_string import ebnf_text
 from .stage import tag_digest
 from .vllm_builder import vllm_tag_builder
@@ -39,10 +40,12 @@ STRICT_PARAMETER = 2
 
 @dataclass(frozen=True)
 class AllowedFunction:
-    """One allowed function as the model sees it: its flat name, JSON schema and ``strict``."""
+    """One allowed function as the model sees it: its flat name, JSON schema and ``strict``; for a
+    custom tool with a grammar, ``input_grammar`` is its xgrammar EBNF (:mod:`.custom_inputs`)."""
     name: str
     parameters: Mapping[str, Any] | bool | None = field(hash=False, compare=False)
     strict: bool | None = None
+    input_grammar: str | None = field(default=None, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -193,10 +196,10 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
         raise ValueError(f"mode must be 'auto' or 'required', got {mode!r}")
     if not functions:
         raise ValueError("an allowed subset is never empty (the policy resolver refuses that)")
-    turn = _Turn(functions=functions, mode=mode, parallel=parallel_tool_calls,
+    turn = _Turn(functions=marked(functions), mode=mode, parallel=parallel_tool_calls,
                  strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
                  max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
-    tag = _BUILDERS[spec.kind](spec, turn)
+    tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), functions, wire_format(wire_format_name).name)
     if tag is None or spec.kind == "json_array":   # a JSON array's calls are typed above
         return tag
     return with_object_arguments(tag, one_line=spec.arguments_on_one_line)
@@ -348,7 +351,9 @@ def allowed_tools_grammar(body: Mapping[str, Any], wire_format: str, api: Litera
     policy = resolve_allowlist(body, api)
     if policy is None or not policy.has_allowlist or policy.mode is None:
         return None
-    functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict)
+    from ..request.custom_tools import input_grammar
+    functions = [AllowedFunction(spec.flat_name, spec.parameters, spec.strict,
+                                 input_grammar(spec.grammar, spec.flat_name))
                  for spec in policy.allowed_specs]
     return turn_tag(wire_format, functions, catalog_digest=policy.catalog_digest,
                     allowlist_digest=policy.allowlist_digest, mode=policy.mode,

@@ -78,12 +78,19 @@ class TurnAllowlist(CallFilter):
         return self._by_flat.get(flat_name)  # type: ignore[union-attr]
 
     def allows(self, kind: CallKind, name: str | None) -> bool:
-        """Functions per :meth:`is_allowed`; custom and built-in tools never: an allowlist names
-        functions only (the selection refuses any other entry)."""
-        return kind == "function" and name is not None and self.is_allowed(name)
+        """Functions and custom tools per :meth:`is_allowed`, each only as its own kind (a custom
+        tool's name never lets a function call out, nor the reverse); built-in tools never: an
+        allowlist names functions and custom tools only (the selection refuses any other entry)."""
+        if kind == "builtin" or name is None:
+            return False
+        spec = self.lookup(name)
+        return spec is not None and spec.kind == kind and self.is_allowed(name)
 
     def knows(self, kind: CallKind, name: str) -> bool | None:
-        return self.lookup(name) is not None if kind == "function" else None
+        if kind == "builtin":
+            return None
+        spec = self.lookup(name)
+        return spec is not None and spec.kind == kind
 
     def is_allowed(self, flat_name: str) -> bool:
         """May the model call ``flat_name`` this turn? Unknown names and choice ``none``: never."""
@@ -150,7 +157,7 @@ def resolve_allowlist(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None
     """Resolve a request body (``/v1/responses`` or ``/v1/chat/completions`` JSON) to its allowlist.
 
     Returns None when there is nothing to do: no tools and no tool_choice, or a plain request
-    vanilla vLLM must judge on its own (hosted/custom choices, an unresolvable named function, shapes
+    vanilla vLLM must judge on its own (hosted or Chat custom choices, an unresolvable name, shapes
     vLLM will reject). Raises :class:`InvalidSelectionError` (HTTP 400) only for ``allowed_tools``
     requests, after counting it once in ``vllm_allowed_tools:invalid_selections``.
     """
@@ -239,16 +246,18 @@ def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> TurnA
         mode: Mode | None = None if tool_choice == "none" else tool_choice  # type: ignore[assignment]
         return _turn_allowlist(api, catalog, tool_choice, mode, None, parallel,  # type: ignore[arg-type]
                                tool_choice)
-    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "function":
+    kind = tool_choice.get("type") if isinstance(tool_choice, Mapping) else None
+    if kind == "function" or (kind == "custom" and api == "responses"):
         named = _named_function(tool_choice, api)
         if named is None:
             return None
         found = catalog.resolver.resolve(*named)
-        if found.identity is None:
-            return None  # unknown or ambiguous: vanilla vLLM answers with its own error
+        spec = catalog.by_flat.get(found.identity.flat_name) if found.identity is not None else None
+        if spec is None or spec.identity != found.identity or spec.kind != kind:
+            return None  # unknown, ambiguous or of the other kind: vanilla vLLM answers
         return _turn_allowlist(api, catalog, "named", None, frozenset({found.identity}), parallel,
                                copy_json(tool_choice))
-    return None  # hosted, MCP, custom or unknown choice types: not ours to model
+    return None  # hosted, MCP, Chat custom or unknown choice types: not ours to model
 
 
 def _named_function(choice: Mapping[str, Any], api: Api) -> tuple[str, str | None] | None:

@@ -97,9 +97,11 @@ class _CatalogParser:
             self._function(tool, namespace, param)
         elif tool_type == "namespace" and namespace is None:
             self._namespace(tool, param)
+        elif tool_type == "custom" and namespace is None:
+            self._custom(tool, param)
         elif isinstance(tool_type, str):
             name = tool.get("name")
-            if is_name(name):  # a hosted or custom tool (vLLM does not render a custom member)
+            if is_name(name):  # a hosted tool, or a custom member (vLLM does not render one)
                 self.other_tools.setdefault(flat_name(name, namespace), tool_type)
         else:
             self.fail(f"{param}.type", f"{param}.type must be a string such as \"function\", "
@@ -163,7 +165,33 @@ class _CatalogParser:
         self.entries.append(_Entry(spec, param))
 
 
-def _describe(identity: ToolIdentity) -> str:
+    def _custom(self, tool: Mapping[str, Any], param: str) -> None:
+        """A Responses ``custom`` tool: served to the model as a function of one string ``input``
+        (its ``format`` is checked, and compiled, by :mod:`.custom_tools`)."""
+        name, description = tool.get("name", ABSENT), tool.get("description")
+        if not is_name(name):
+            self.fail(f"{param}.name", f"{param}.name must be a non-empty string (the custom tool's "
+                                       f"name), got {type_name(name)}.")
+        if description is not None and not isinstance(description, str):
+            self.fail(f"{param}.description", f"{param}.description must be a string or absent, "
+                                              f"got {type_name(description)}.")
+        fmt = tool.get("format")
+        grammar = (fmt.get("syntax"), fmt.get("definition")) \
+            if isinstance(fmt, Mapping) and fmt.get("type") == "grammar" else None
+        if grammar is not None and not all(isinstance(part, str) for part in grammar):
+            grammar = None   # refused with its field named by custom_tools before any use
+        spec = FunctionSpec.custom(name, description, grammar)  # type: ignore[arg-type]
+        self.entries.append(_Entry(spec, param))
+
+
+def _kind_word(spec: FunctionSpec) -> str:
+    return "custom tool" if spec.kind == "custom" else "function"
+
+
+def _describe(spec: FunctionSpec) -> str:
+    identity = spec.identity
+    if spec.kind == "custom":
+        return f"(custom tool {quote(identity.name)})"
     if identity.namespace is None:
         return f"(function {quote(identity.name)})"
     return f"(member {quote(identity.name)} of namespace {quote(identity.namespace)})"
@@ -179,16 +207,16 @@ def _collision(entries: Sequence[_Entry]) -> InvalidSelectionError | None:
         if first is None:
             seen[flat] = entry
             continue
-        if first.spec.identity == entry.spec.identity:
+        if first.spec.identity == entry.spec.identity and first.spec.kind == entry.spec.kind:
             return InvalidSelectionError(
-                f"{entry.name_param} {quote(flat)} duplicates the function defined at "
-                f"{first.param}; each function may appear only once in `tools` (two definitions of "
+                f"{entry.name_param} {quote(flat)} duplicates the {_kind_word(entry.spec)} defined "
+                f"at {first.param}; each tool may appear only once in `tools` (two definitions of "
                 "one name would let a call, or an approval, be matched to either). Remove one of "
                 "the two definitions.",
                 reason="duplicate_tool", param=entry.name_param, code=CODE_INVALID_TOOLS)
         return InvalidSelectionError(
-            f"{entry.name_param} {_describe(entry.spec.identity)} and {first.param} "
-            f"{_describe(first.spec.identity)} both reach the model as {quote(flat)}, so "
+            f"{entry.name_param} {_describe(entry.spec)} and {first.param} "
+            f"{_describe(first.spec)} both reach the model as {quote(flat)}, so "
             "a call to that name could not be told apart. Rename one of them (or move it to "
             "another namespace).",
             reason="ambiguous_name", param=entry.name_param, code=CODE_INVALID_TOOLS)
@@ -231,9 +259,9 @@ class Catalog:
             raise malformed(param, message)
         if not self.entries:
             raise InvalidSelectionError(
-                "tool_choice allowed_tools selects function tools, but `tools` contains no "
-                "function tool. Add the function definitions to `tools` (all of them, every turn; "
-                "the selection narrows them), or drop tool_choice.",
+                "tool_choice allowed_tools selects function (or custom) tools, but `tools` "
+                "contains no function tool (and no custom tool). Add the tool definitions to "
+                "`tools` (all of them, every turn; the selection narrows them), or drop tool_choice.",
                 reason="no_function_tools", param="tools", code=CODE_INVALID_TOOLS)
         self.raise_collision()
 

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from ..errors import AllowedToolsError
 
-__all__ = ["CODE_INVALID_CUSTOM_TOOL", "CustomGrammar", "CustomTools", "is_grammar_tool", "read_custom_tools"]
+__all__ = ["CODE_INVALID_CUSTOM_TOOL", "CustomGrammar", "CustomTools", "input_grammar", "is_grammar_tool",
+           "read_custom_tools"]
 
 #: the 400 ``code`` of a custom tool this server cannot take as sent
 CODE_INVALID_CUSTOM_TOOL = "invalid_custom_tool"
@@ -186,6 +187,14 @@ def compile_custom_grammar(name: str, syntax: str, definition: str,
         _EBNF.put(digest, ebnf)
     return CustomGrammar(name=name, syntax=syntax, definition=definition, digest=digest,  # type: ignore[arg-type]
                          ebnf=ebnf)
+
+
+def input_grammar(grammar: tuple[str, str] | None, name: str = "custom") -> str | None:
+    """The EBNF that constrains a custom tool's input, from the ``(syntax, definition)`` its catalog
+    spec holds (compiled once per digest); None for a free-form tool."""
+    if grammar is None:
+        return None
+    return compile_custom_grammar(name, grammar[0], grammar[1]).ebnf
 
 
 def _grammar(ebnf: str) -> Any:

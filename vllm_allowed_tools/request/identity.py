@@ -1,15 +1,24 @@
-"""How a function tool is named: its canonical identity, the flat name the model sees, and the
-digest of its definition, shared by the allowlist, the guard, the approvals and the dispatcher."""
+"""How a tool the model calls is named: its canonical identity, the flat name the model sees, and
+the digest of its definition, shared by the allowlist, the guard, the approvals and the dispatcher.
+
+A Responses ``custom`` tool is a spec too (kind ``custom``): vLLM shows it to the model as a function
+with one string field ``input``, so it shares the functions' names, grammar and prompt order."""
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .digest import value_digest
 
-__all__ = ["NAMESPACE_SEPARATOR", "FunctionSpec", "ToolIdentity", "flat_name", "function_digest"]
+__all__ = ["CUSTOM_INPUT_KEY", "NAMESPACE_SEPARATOR", "FunctionSpec", "ToolIdentity", "ToolKind",
+           "custom_digest", "custom_parameters", "flat_name", "function_digest"]
+
+#: what a catalog entry is: a function tool, or a Responses ``custom`` tool (free-form input)
+ToolKind = Literal["function", "custom"]
+#: the one field of the function vLLM shows a custom tool as (``vllm.tool_parsers.utils``)
+CUSTOM_INPUT_KEY = "input"
 
 # vLLM flattens a Responses namespace member to ``namespace__name`` before the template renders it.
 NAMESPACE_SEPARATOR = "__"
@@ -57,12 +66,14 @@ class ToolIdentity:
 
 @dataclass(frozen=True)
 class FunctionSpec:
-    """One validated function definition of the catalog.
+    """One validated function (or custom tool) definition of the catalog.
 
     ``digest`` binds identity, description and parameters (RFC 8785), so approvals and grammar
     caches can tell definitions apart; ``strict`` is per-request noise and not part of it.
     ``parameters`` is shared by every request with the same catalog (catalogs are cached), so treat
-    it as read-only.
+    it as read-only. A ``custom`` spec (:meth:`custom`) has the parameters vLLM serves it with and
+    ``grammar`` ``(syntax, definition)`` when its input has one (None: free-form text); its digest
+    binds the grammar, so a grammar cache keyed on the catalog never serves another grammar.
     """
 
     identity: ToolIdentity
@@ -70,6 +81,8 @@ class FunctionSpec:
     parameters: dict[str, Any] = field(hash=False)
     strict: bool | None
     digest: str
+    kind: ToolKind = "function"
+    grammar: tuple[str, str] | None = None
 
     @classmethod
     def build(cls, identity: ToolIdentity, description: str | None,
@@ -80,6 +93,14 @@ class FunctionSpec:
             params = dict(params)
         return cls(identity=identity, description=description, parameters=params, strict=strict,
                    digest=function_digest(identity, description, params))
+
+    @classmethod
+    def custom(cls, name: str, description: str | None,
+               grammar: tuple[str, str] | None = None) -> FunctionSpec:
+        """A Responses ``custom`` tool (top level: vLLM renders no namespaced custom tool)."""
+        return cls(identity=ToolIdentity(None, name), description=description,
+                   parameters=custom_parameters(), strict=None,
+                   digest=custom_digest(name, description, grammar), kind="custom", grammar=grammar)
 
     @property
     def flat_name(self) -> str:
@@ -105,3 +126,17 @@ def function_digest(identity: ToolIdentity, description: str | None,
     tool definition digest approvals publish (``docs/approvals.md``, "Digests")."""
     return value_digest({"namespace": identity.namespace, "name": identity.name,
                          "description": description, "parameters": parameters})
+
+
+def custom_parameters() -> dict[str, Any]:
+    """The arguments vLLM 0.32 shows a custom tool with: one string ``input``, nothing else."""
+    return {"type": "object", "properties": {CUSTOM_INPUT_KEY: {"type": "string"}},
+            "required": [CUSTOM_INPUT_KEY], "additionalProperties": False}
+
+
+def custom_digest(name: str, description: str | None, grammar: tuple[str, str] | None) -> str:
+    """Hex SHA-256 of the RFC 8785 JSON of ``{"type": "custom", "name", "description", "format"}``
+    (``format`` as a Responses custom tool writes it): never equal to a function's digest."""
+    fmt = {"type": "text"} if grammar is None else \
+        {"type": "grammar", "syntax": grammar[0], "definition": grammar[1]}
+    return value_digest({"type": "custom", "name": name, "description": description, "format": fmt})

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..call_filter import CallFilter, CallKind
+from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
@@ -36,6 +37,9 @@ def allowlist_to_wire(allowlist: TurnAllowlist) -> dict[str, Any]:
         "parallel_tool_calls": allowlist.parallel_tool_calls,
         "catalog_digest": allowlist.catalog_digest,
         "allowlist_digest": allowlist.allowlist_digest,
+        # the catalog's custom tools: their grammar (syntax, definition), or None for free text
+        "custom": {spec.flat_name: list(spec.grammar) if spec.grammar is not None else None
+                   for spec in allowlist.catalog if spec.kind == "custom"},
     }
 
 
@@ -48,26 +52,33 @@ class WireAllowlist(CallFilter):
     parallel_tool_calls: bool
     catalog_digest: str
     allowlist_digest: str
+    #: the catalog's custom tools by name: (syntax, definition) of a grammar, None for free text
+    custom: Mapping[str, tuple[str, str] | None] = field(default_factory=dict, hash=False)
 
     @classmethod
     def from_wire(cls, data: Any) -> WireAllowlist | None:
         if not isinstance(data, Mapping) or data.get("v") != WIRE_VERSION:
             return None
+        custom = data.get("custom") or {}
         return cls(mode=str(data["mode"]), allowed=frozenset(data["allowed"]),
                    catalog=frozenset(data["catalog"]),
                    parallel_tool_calls=bool(data["parallel_tool_calls"]),
                    catalog_digest=str(data["catalog_digest"]),
-                   allowlist_digest=str(data["allowlist_digest"]))
+                   allowlist_digest=str(data["allowlist_digest"]),
+                   custom={str(name): (str(grammar[0]), str(grammar[1])) if grammar else None
+                           for name, grammar in custom.items()})
 
     def is_allowed(self, flat_name: str | None) -> bool:
         return flat_name is not None and flat_name in self.allowed
 
     def allows(self, kind: CallKind, name: str | None) -> bool:
-        """Functions of the allowlist only (it names no other kind)."""
-        return kind == "function" and self.is_allowed(name)
+        """The allowlist's functions and custom tools, each only as its own kind."""
+        return kind != "builtin" and self.is_allowed(name) and (kind == "custom") == (name in self.custom)
 
     def knows(self, kind: CallKind, name: str) -> bool | None:
-        return name in self.catalog if kind == "function" else None
+        if kind == "builtin":
+            return None
+        return name in self.catalog and (kind == "custom") == (name in self.custom)
 
 
 @dataclass(frozen=True)
@@ -80,12 +91,15 @@ class Rewritten:
     original_tools: Any = None   # the client's ``tools`` where they were put in canonical form
 
 
-def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE_VARIABLE) -> Rewritten:
+def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE_VARIABLE,
+                    parser: str | None = None) -> Rewritten:
     """Resolve the allowlist and rewrite the body; raises InvalidSelectionError (a 400) on bad input.
 
     ``tools`` go out in canonical form (the stable prompt prefix, whatever order the client sends
     them in); the policy travels in ``chat_template_kwargs`` where the template reads it
-    (``placement``), otherwise the caller places it last (:func:`.placement.place_policy`)."""
+    (``placement``), otherwise the caller places it last (:func:`.placement.place_policy`).
+    ``parser``: the server's ``--tool-call-parser``, whose format must be able to hold a selected
+    custom grammar tool to its grammar (a CapabilityError, 400, before generation otherwise)."""
     request = normalise_fields(body, api)
     new = dict(request)
     changed = any(new.get(key) is not body.get(key) for key in new)
@@ -104,6 +118,7 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
     original = body.get("tool_choice")
     original_tools = None
     custom = read_custom_tools(new.get("tools"), api)
+    refuse_uncarried_custom_tools(allowlist, parser)
     if isinstance(new.get("tools"), list):
         tools = canonical_tools(custom.served_tools or new["tools"], api)
         if json.dumps(tools) != json.dumps(new["tools"]):   # order matters here, keys included

@@ -4,13 +4,14 @@ ever widened to the catalog."""
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..errors import CODE_INVALID_ALLOWED_TOOLS, InvalidSelectionError
 from .catalog import Api, Catalog
-from .identity import ToolIdentity, flat_name
+from .identity import ToolIdentity, ToolKind, flat_name
 from .messages import ABSENT, is_name, names_list, quote, type_name
 
 __all__ = ["MODES", "Mode", "Selection", "read_selection"]
@@ -41,14 +42,18 @@ class Selection:
     prefix: str  # the param path of the object holding ``mode`` and ``tools``
 
     def resolve(self, catalog: Catalog) -> frozenset[ToolIdentity]:
-        """The identities the selectors name; raises on an ambiguous or unknown name."""
+        """The identities the selectors name; raises on an ambiguous or unknown name, or on a name
+        whose tool is of the other kind (a function selected as custom, or the reverse)."""
         resolver = catalog.resolver
         allowed: set[ToolIdentity] = set()
         for i, entry in enumerate(self.entries):
-            name, namespace, name_param = _selector_name(entry, self.api,
-                                                         f"{self.prefix}.tools[{i}]")
+            kind, name, namespace, name_param = _selector(entry, self.api, f"{self.prefix}.tools[{i}]")
             found = resolver.resolve(name, namespace)
             if found.identity is not None:
+                spec = catalog.by_flat.get(found.identity.flat_name)
+                if spec is not None and spec.kind != kind:
+                    raise _selection_error(_kind_message(name, spec.kind, name_param),
+                                           "tool_type_mismatch", name_param)
                 allowed.add(found.identity)
                 continue
             if found.candidates:
@@ -58,7 +63,7 @@ class Selection:
                     f"`<namespace>__<name>` (for example {quote(found.candidates[0])})"
                     + (", or add \"namespace\" to the entry." if self.api == "responses" else "."),
                     "ambiguous_name", name_param)
-            raise _selection_error(_unknown_message(name, namespace, name_param, catalog),
+            raise _selection_error(_unknown_message(kind, name, namespace, name_param, catalog),
                                    "unknown_function", name_param)
         return frozenset(allowed)
 
@@ -122,21 +127,26 @@ def _selection_entries(container: Mapping[str, Any], prefix: str) -> list[Any]:
     return entries
 
 
-def _selector_name(entry: Any, api: Api, param: str) -> tuple[str, str | None, str]:
-    """(name, namespace, param of the name) of one selector entry; raises on non-function/malformed."""
+def _selector(entry: Any, api: Api, param: str) -> tuple[ToolKind, str, str | None, str]:
+    """(kind, name, namespace, param of the name) of one selector entry; raises on a malformed one
+    or one of a kind that cannot be selected."""
     expected = _RESPONSES_ENTRY if api == "responses" else _CHAT_ENTRY
     if not isinstance(entry, Mapping):
         raise _selection_error(f"{param} must be an object like {expected}, got "
                                f"{type_name(entry)}.", "malformed", param)
-    _check_selector_type(entry, param, expected)
+    kind = _selector_kind(entry, api, param, expected)
     if api == "responses":
         name, name_param = entry.get("name", ABSENT), f"{param}.name"
-        if "name" not in entry and isinstance(entry.get("function"), Mapping):
+        if "name" not in entry and isinstance(entry.get(kind), Mapping):
             raise _selection_error(
-                f"{name_param} is missing: the Responses API selects functions as {expected}; "
-                "{\"function\": {\"name\": ...}} is the Chat Completions shape.",
+                f"{name_param} is missing: the Responses API selects tools as {expected}; "
+                f"{{\"{kind}\": {{\"name\": ...}}}} is the Chat Completions shape.",
                 "malformed", name_param)
         namespace = entry.get("namespace")
+        if namespace is not None and kind == "custom":
+            raise _selection_error(f"{param}.namespace: custom tools have no namespace (vLLM serves "
+                                   "top-level custom tools only); remove it.", "malformed",
+                                   f"{param}.namespace")
         if namespace is not None and not is_name(namespace):
             raise _selection_error(f"{param}.namespace must be a non-empty string or absent, got "
                                    f"{type_name(namespace)}.", "malformed", f"{param}.namespace")
@@ -151,13 +161,16 @@ def _selector_name(entry: Any, api: Api, param: str) -> tuple[str, str | None, s
                                    f"{expected}{hint}.", "malformed", f"{param}.function")
         name, name_param = function.get("name", ABSENT), f"{param}.function.name"
     if not is_name(name):
-        raise _selection_error(f"{name_param} must be a non-empty string naming a function in "
-                               f"`tools`, got {type_name(name)}.", "malformed", name_param)
-    return name, namespace, name_param
+        raise _selection_error(f"{name_param} must be a non-empty string naming a {_KIND_WORD[kind]} "
+                               f"in `tools`, got {type_name(name)}.", "malformed", name_param)
+    return kind, name, namespace, name_param
 
 
-def _check_selector_type(entry: Mapping[str, Any], param: str, expected: str) -> None:
-    """Only function tools can be selected: a selector's ``type`` must be ``"function"``."""
+_KIND_WORD = {"function": "function", "custom": "custom tool"}
+
+
+def _selector_kind(entry: Mapping[str, Any], api: Api, param: str, expected: str) -> ToolKind:
+    """What a selector selects: its ``type``, ``"function"`` or (Responses) ``"custom"``."""
     entry_type = entry.get("type")
     if entry_type is None:
         raise _selection_error(f"{param}.type is missing: each selector must look like {expected}.",
@@ -165,27 +178,47 @@ def _check_selector_type(entry: Mapping[str, Any], param: str, expected: str) ->
     if not isinstance(entry_type, str):
         raise _selection_error(f"{param}.type must be the string \"function\", got "
                                f"{type_name(entry_type)}.", "malformed", f"{param}.type")
-    if entry_type != "function":
-        extra = (" To select namespace members, list each member by its flat name "
-                 "`<namespace>__<name>`." if entry_type == "namespace" else "")
+    if entry_type == "function" or (entry_type == "custom" and api == "responses"):
+        return entry_type  # type: ignore[return-value]
+    if entry_type == "custom":
         raise _selection_error(
-            f"{param}.type {quote(entry_type)} cannot be selected: only function tools can be "
-            "selected in allowed_tools (hosted, MCP, custom and other non-function tools are not "
-            f"supported here). Remove the entry or select function tools as {expected}.{extra}",
+            f"{param}.type \"custom\" cannot be selected on Chat Completions: vLLM serves custom "
+            "tools on the Responses API only (its Chat Completions `tools` take functions). Select "
+            f"function tools as {expected}, or send the request to /v1/responses.",
             "non_function_selector", f"{param}.type")
+    extra = (" To select namespace members, list each member by its flat name "
+             "`<namespace>__<name>`." if entry_type == "namespace" else "")
+    kinds = "function tools and (on the Responses API) custom tools" if api == "responses" \
+        else "function tools"
+    raise _selection_error(
+        f"{param}.type {quote(entry_type)} cannot be selected: only {kinds} can be selected in "
+        "allowed_tools (hosted, MCP and other tools are not supported here). Remove the entry or "
+        f"select tools as {expected}.{extra}", "non_function_selector", f"{param}.type")
 
 
-def _unknown_message(name: str, namespace: str | None, param: str, catalog: Catalog) -> str:
-    known = catalog.resolver.flat_names()
+def _kind_message(name: str, kind: ToolKind, param: str) -> str:
+    """The tool ``name`` is a ``kind`` tool, and the selector asked for the other kind."""
+    shape = json.dumps({"type": kind, "name": name}, ensure_ascii=False)
+    if kind == "custom":
+        return f"{param} {quote(name)} is a custom tool, not a function: select it as {shape}."
+    return f"{param} {quote(name)} is a function tool, not a custom tool: select it as {shape}."
+
+
+def _unknown_message(kind: ToolKind, name: str, namespace: str | None, param: str,
+                     catalog: Catalog) -> str:
+    known = sorted(spec.flat_name for spec in catalog.specs if spec.kind == kind)
     what = (f"{quote(name)} in namespace {quote(namespace)}" if namespace is not None
             else quote(name))
-    message = (f"{param} {what} is not a function in `tools`; the function tools are: "
-               f"{names_list(known)}.")
+    plural = "function tools" if kind == "function" else "custom tools"
+    message = f"{param} {what} is not a {_KIND_WORD[kind]} in `tools`; the {plural} are: {names_list(known)}."
     target = name if namespace is None else flat_name(name, namespace)
     other_type = catalog.other_tools.get(target)
     if other_type is not None:
-        message += (f" {quote(name)} is a {other_type!s} tool, and only function tools can be "
-                    "selected in allowed_tools.")
+        message += (f" {quote(name)} is a {other_type!s} tool"
+                    + (" inside a namespace, which vLLM does not serve" if other_type == "custom"
+                       and kind == "custom" else "")
+                    + ", and only function tools and top-level custom tools can be selected in "
+                    "allowed_tools.")
     else:
         close = difflib.get_close_matches(target, known, n=1)
         if close:

@@ -16,7 +16,10 @@ loosening what a standard item must be:
   OpenAPI means by it), so an error names the field of the branch the object claims to be, not
   "is not valid under any of the given schemas";
 - an output item of type ``elicitation`` (the approvals proposal's item) is validated against the
-  proposal's own schema (:func:`~vllm_allowed_tools.approvals.elicitation_types.elicitation_schema`).
+  proposal's own schema (:func:`~vllm_allowed_tools.approvals.elicitation_types.elicitation_schema`);
+- OpenAI's custom tools (a ``custom_tool_call`` item, its input's events, a custom tool named in
+  ``tool_choice``), which Open Responses does not define, against OpenAI's shapes
+  (:mod:`.openai_extensions`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from .openai_extensions import (
+    CUSTOM_TOOL_CALL,
+    EXTENSION_EVENTS,
+    custom_tool_call_schema,
+    with_custom_choices_as_functions,
+)
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "openresponses" / "openapi.json"
 _ROOT = "urn:openresponses:openapi"
@@ -64,8 +74,10 @@ def _prepared() -> dict[str, Any]:
     schemas = doc["components"]["schemas"]
     elicitation = {k: v for k, v in elicitation_schema().items() if k != "$schema"}
     schemas["ItemField"] = _dispatching(schemas["ItemField"], schemas,
-                                        extra={ELICITATION: elicitation})
+                                        extra={ELICITATION: elicitation,
+                                               CUSTOM_TOOL_CALL: custom_tool_call_schema()})
     _walk(doc, schemas)
+    schemas.update(dict(EXTENSION_EVENTS.values()))
     return doc
 
 
@@ -124,7 +136,7 @@ def event_schemas() -> dict[str, str]:
         name = branch["$ref"][len(_REF):]
         for value in _tag_values(branch, schemas, "type"):
             out[value] = name
-    return out
+    return {**out, **{kind: name for kind, (name, _) in EXTENSION_EVENTS.items()}}
 
 
 @functools.cache
@@ -178,6 +190,7 @@ DEFINED_TOOL_TYPES = frozenset({"function"})
 
 
 def _without_extension_tools(response: Any) -> Any:
+    response = with_custom_choices_as_functions(response)
     tools = response.get("tools") if isinstance(response, Mapping) else None
     if not isinstance(tools, list):
         return response

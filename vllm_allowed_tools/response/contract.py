@@ -38,7 +38,8 @@ def _requirement(turn: TurnAllowlist | None) -> str | None:
     if turn.choice == "required":
         return 'tool_choice is "required"'
     if turn.choice == "named":
-        return "tool_choice names a function"
+        return "tool_choice names a custom tool" if turn.allowed_specs[:1] and \
+            turn.allowed_specs[0].kind == "custom" else "tool_choice names a function"
     if turn.choice == "allowed" and turn.mode == "required":
         return "tool_choice is allowed_tools in `required` mode"
     return None

@@ -152,7 +152,7 @@ class AllowedToolsMiddleware:
         render = route.decision == "render"
         try:
             placement = self._placement_for(data, api)
-            rewritten = rewrite_request(data, api, placement)
+            rewritten = rewrite_request(data, api, placement, flag_value(sys.argv, "--tool-call-parser"))
             data = rewritten.request
             _refuse_final_message_continuation(data, rewritten, placement)
             _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,

@@ -15,6 +15,7 @@ from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, bu
 from ..decode.split import split_for_request
 from ..decode.stage import XARGS_DIGEST, XARGS_TAG
 from ..errors import CapabilityError
+from ..request.custom_tools import input_grammar
 from ..request.rewrite import WireAllowlist
 from .capabilities import json_schema_stays_native
 
@@ -38,16 +39,21 @@ def function_tools(request) -> list[Any]:
         return tools
 
 
-def catalog_functions(request) -> list[AllowedFunction]:
-    """Every function of the request's catalog, in catalog order."""
+def catalog_functions(request, allowlist: WireAllowlist | None = None) -> list[AllowedFunction]:
+    """Every function of the request's catalog, in catalog order; a custom tool (vLLM's function
+    shim) with the grammar the allowlist carries for it, which then constrains its input."""
     functions = [getattr(tool, "function", None) or tool for tool in function_tools(request)]
+    custom = allowlist.custom if allowlist is not None else {}
     return [AllowedFunction(name=function.name, parameters=function.parameters,
-                            strict=getattr(function, "strict", None)) for function in functions]
+                            strict=getattr(function, "strict", None),
+                            input_grammar=input_grammar(custom.get(function.name), function.name))
+            for function in functions]
 
 
 def allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunction]:
     """The allowed functions in catalog order."""
-    return [function for function in catalog_functions(request) if function.name in allowlist.allowed]
+    return [function for function in catalog_functions(request, allowlist)
+            if function.name in allowlist.allowed]
 
 
 def plain_request_tag(wire_format: str, request, strict_level):
@@ -97,7 +103,7 @@ def hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireA
     else:
         return
     split = split_for_request(
-        wire_format, tag_json, catalog_functions(request), allowed_functions(request, allowlist),
+        wire_format, tag_json, catalog_functions(request, allowlist), allowed_functions(request, allowlist),
         catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
         mode=allowlist.mode,  # type: ignore[arg-type]
         parallel_tool_calls=allowlist.parallel_tool_calls,

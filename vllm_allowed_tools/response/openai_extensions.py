@@ -1,0 +1,73 @@
+"""OpenAI Responses features Open Responses does not define, as the conformance check validates them.
+
+A custom tool (Codex's ``apply_patch``) is OpenAI's: its call is a ``custom_tool_call`` output item,
+its input streams as ``response.custom_tool_call_input.delta`` / ``.done`` events, and a
+``tool_choice`` may name it (``{"type": "custom", "name": ...}``, alone or in ``allowed_tools``).
+Open Responses knows none of these, and OpenAI clients need all of them, so :mod:`.conformance`
+validates each against OpenAI's own shape (from the ``openai`` SDK's types), written here as JSON
+schemas: a documented extension, as the approvals' ``elicitation`` item is, never a loosening of a
+standard item. No vLLM imports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+CUSTOM_TOOL_CALL = "custom_tool_call"
+INPUT_DELTA = "response.custom_tool_call_input.delta"
+INPUT_DONE = "response.custom_tool_call_input.done"
+
+_STRING = {"type": "string"}
+_INTEGER = {"type": "integer"}
+#: who made the call (``openai.types.responses.response_custom_tool_call.Caller``)
+_CALLER = {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": False, "required": ["type"],
+    "properties": {"type": {"enum": ["direct", "program"]}, "caller_id": _STRING}}]}
+
+
+def custom_tool_call_schema() -> dict[str, Any]:
+    """A ``custom_tool_call`` output item (``openai.types.responses.ResponseCustomToolCall``, with
+    the ``status`` vLLM sends on every output item)."""
+    return {"type": "object", "additionalProperties": False,
+            "required": ["type", "call_id", "name", "input"],
+            "properties": {"type": {"const": CUSTOM_TOOL_CALL}, "id": _STRING, "call_id": _STRING,
+                           "name": _STRING, "input": _STRING, "namespace": {"type": ["string", "null"]},
+                           "status": {"enum": ["in_progress", "completed", "incomplete"]},
+                           "async": {"type": ["boolean", "null"]}, "caller": _CALLER}}
+
+
+
+def _event(kind: str, field: str) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "required": ["type", "sequence_number", "item_id", "output_index", field],
+            "properties": {"type": {"const": kind}, "sequence_number": _INTEGER, "item_id": _STRING,
+                           "output_index": _INTEGER, field: _STRING, "obfuscation": _STRING}}
+
+
+#: event type -> (the component name it is validated as, its schema)
+EXTENSION_EVENTS: Mapping[str, tuple[str, dict[str, Any]]] = {
+    INPUT_DELTA: ("OpenAICustomToolCallInputDeltaEvent", _event(INPUT_DELTA, "delta")),
+    INPUT_DONE: ("OpenAICustomToolCallInputDoneEvent", _event(INPUT_DONE, "input")),
+}
+
+
+def _as_function_choice(entry: Any) -> Any:
+    """A custom tool named in a ``tool_choice`` has the function choice's shape (``type`` and
+    ``name``): it is checked as one."""
+    if isinstance(entry, Mapping) and entry.get("type") == "custom" and set(entry) <= {"type", "name"}:
+        return {**entry, "type": "function"}
+    return entry
+
+
+def with_custom_choices_as_functions(response: Any) -> Any:
+    """``response`` (a Responses object) as the check sees its ``tool_choice``: a custom tool named
+    (alone or among ``allowed_tools``) checked as the function choice of the same shape."""
+    choice = response.get("tool_choice") if isinstance(response, Mapping) else None
+    if not isinstance(choice, Mapping):
+        return response
+    if choice.get("type") == "allowed_tools" and isinstance(choice.get("tools"), list):
+        checked: Any = {**choice, "tools": [_as_function_choice(entry) for entry in choice["tools"]]}
+    else:
+        checked = _as_function_choice(choice)
+    return {**response, "tool_choice": checked} if checked != choice else response
