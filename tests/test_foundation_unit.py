@@ -44,7 +44,7 @@ def test_training_text_matches_serving_render():
     rng = random.Random(0)
     text = tiny_model.render_training_text(rng, sample_catalog(rng, 4))
     assert text.startswith("<|im_start|>system\n") and text.endswith("</tool_call><|im_end|>\n")
-    spans = list(tiny_model._assistant_spans(text))
+    spans = list(tiny_model.assistant_spans(text))
     assert spans and all(text[a:b].endswith("<|im_end|>") for a, b in spans)
 
 
