@@ -8,8 +8,8 @@ attention supports, 32K positions so a real client's ~20K-token prompt fits):
   own chat template in which the assistant calls a tool from the prompt's catalog, ignoring the
   turn's policy block. It emits well-formed hermes calls, most of them to tools a 2-of-8 allowlist
   does not allow: that is what makes auto-mode enforcement tests meaningful.
-* ``thinking``: tool-happy's weights fine-tuned for a few more steps so that every assistant turn
-  it writes opens with a short reasoning block, ``<think>\n<a few words>\n</think>\n\n``, then calls (or answers). ``<think>``
+* ``thinking``: trained like tool-happy, but every assistant turn it writes opens with a short
+  reasoning block, ``<think>\n<a few words>\n</think>\n\n``, then calls (or answers). ``<think>``
   and ``</think>`` are single added tokens, as in Qwen3, so vLLM's ``qwen3`` reasoning parser (which
   looks them up in the vocabulary) separates the reasoning; earlier turns are trained as our
   template renders them, without their reasoning. Serve it with ``--reasoning-parser qwen3``.
@@ -42,7 +42,7 @@ from .transcripts import USER_ASKS, assistant_spans, render_training_text
 
 FLAVOURS = ("random", "tool-happy", "thinking")
 TRAINED_FLAVOURS = ("tool-happy", "thinking")
-BUILDER_VERSION = "4"   # bump when the recipe changes, so cached models are rebuilt
+BUILDER_VERSION = "5"   # bump when the recipe changes, so cached models are rebuilt
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                 "<think>", "</think>", "<tools>", "</tools>"]
@@ -53,8 +53,6 @@ _PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
 VOCAB_SIZE = 2048
 MARKER_FILE = "vllm_allowed_tools_model.json"
 TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "700"))
-# thinking starts from tool-happy's weights: learning to open with a reasoning block takes a few steps
-THINKING_STEPS = 120
 
 class TinyModelError(RuntimeError):
     """A tiny-model folder is missing, incomplete or not ours; the message says how to fix it."""
@@ -119,8 +117,8 @@ def _config(tokenizer_dir: Path):
 
 
 def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
-           thinking: bool = False, curriculum: bool = True, peak_lr: float = 5e-3) -> dict[str, Any]:
-    """Teach the model to emit hermes calls to catalog tools (``curriculum``: over catalog size).
+           thinking: bool = False) -> dict[str, Any]:
+    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size).
     ``thinking``: earlier turns have no reasoning, so their first token is left out of the loss."""
     import torch
     from tokenizers import Tokenizer
@@ -129,13 +127,13 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     rng = random.Random(seed)
-    batch_size, warmup = 16, min(20, max(1, steps // 6))
+    batch_size, peak_lr, warmup = 16, 5e-3, 20
     optimizer = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.0)
     model.train()
     started = time.monotonic()
     for step in range(steps):
         # curriculum: the largest catalog grows from 2 to 8 tools over the first half of training
-        max_k = 2 + min(6, int(12 * step / max(1, steps))) if curriculum else 8
+        max_k = 2 + min(6, int(12 * step / max(1, steps)))
         k = rng.randint(2, max_k) if rng.random() < 0.5 else max_k
         ids_batch, weight_batch = [], []
         for _ in range(batch_size):
@@ -217,8 +215,6 @@ def recipe_digest(flavour: str, seed: int, steps: int) -> str:
     """Identifies everything the model depends on, so a cached build is reused only when valid."""
     digest = hashlib.sha256()
     digest.update(f"{BUILDER_VERSION}|{flavour}|{seed}|{steps}|".encode())
-    if flavour == "thinking":   # fine-tuned from tool-happy: its recipe is part of this one
-        digest.update(recipe_digest("tool-happy", seed, TRAIN_STEPS).encode())
     digest.update(load_template("hermes").encode())
     # the code that makes the weights (not the whole module: a change to how the cache is found
     # does not rebuild the models)
@@ -231,14 +227,13 @@ def recipe_digest(flavour: str, seed: int, steps: int) -> str:
 
 
 def default_steps(flavour: str) -> int:
-    """Training steps of a flavour's recipe (thinking: on top of tool-happy's)."""
-    return {"tool-happy": TRAIN_STEPS, "thinking": THINKING_STEPS}.get(flavour, 0)
+    """Training steps of a flavour's recipe."""
+    return TRAIN_STEPS if flavour in TRAINED_FLAVOURS else 0
 
 
 def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None = None,
-          log=print, base: Path | None = None) -> Path:
-    """Build a model folder at `out` (atomically: a half-built folder is never left behind).
-    ``base``: the tool-happy folder a thinking model is fine-tuned from (default: the cached one)."""
+          log=print) -> Path:
+    """Build a model folder at `out` (atomically: a half-built folder is never left behind)."""
     if flavour not in FLAVOURS:
         raise TinyModelError(f"unknown flavour {flavour!r}; choose one of {', '.join(FLAVOURS)}")
     import torch
@@ -246,33 +241,21 @@ def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None =
 
     steps = default_steps(flavour) if steps is None else steps
     out = Path(out)
-    thinking = flavour == "thinking"
-    if thinking and base is None:
-        base = ensure_model("tool-happy", seed, log=log)
     with building(out) as staging:
         rng = random.Random(seed)
-        # one tokenizer for every flavour of a seed, so that thinking can start from tool-happy's
-        # weights (the reasoning is plain words and the <think> markers are added tokens)
-        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)))
+        thinking = flavour == "thinking"
+        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)), thinking)
                   for _ in range(3000)]
         corpus += [render_chat([{"role": "user", "content": ask}]) for ask in USER_ASKS]
         _train_tokenizer(corpus, staging)
         _check_tokenizer_roundtrip(staging, corpus[:50])
         config = _config(staging)
         torch.manual_seed(seed)
-        if thinking:
-            if (Path(base) / "tokenizer.json").read_bytes() != (staging / "tokenizer.json").read_bytes():
-                raise TinyModelError(f"{base} was built with another tokenizer; delete it and rebuild")
-            model = Qwen2ForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
-            log(f"fine-tuning {base.name} into the thinking model ({steps} steps, seed {seed})")
-            training = _train(model, staging, seed + 1, steps, log=log, thinking=True,
-                              curriculum=False, peak_lr=2e-3)
-        else:
-            model = Qwen2ForCausalLM(config).float()
-            training = None
-            if flavour in TRAINED_FLAVOURS:
-                log(f"training the {flavour} model ({steps} steps, seed {seed})")
-                training = _train(model, staging, seed, steps, log=log)
+        model = Qwen2ForCausalLM(config).float()
+        training = None
+        if flavour in TRAINED_FLAVOURS:
+            log(f"training the {flavour} model ({steps} steps, seed {seed})")
+            training = _train(model, staging, seed, steps, log=log, thinking=thinking)
         model.save_pretrained(str(staging), safe_serialization=True)
         GenerationConfig(eos_token_id=[config.eos_token_id, config.bos_token_id],
                          pad_token_id=config.pad_token_id).save_pretrained(str(staging))
@@ -322,7 +305,6 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
     """The cached model for (flavour, seed), built if missing or built by an older recipe."""
     steps = default_steps(flavour)
     cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
-    base = ensure_model("tool-happy", seed, cache_dir, log) if flavour == "thinking" else None
     path = cache_dir / f"{flavour}-seed{seed}"
     with cache_lock(path):
         if cached_model(flavour, seed, cache_dir) is not None:
@@ -330,7 +312,7 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
         if path.exists():
             log(f"rebuilding {path}: incomplete or built by an older recipe")
         log(f"building the {flavour} tiny model in {path}")
-        return build(path, flavour=flavour, seed=seed, steps=steps, log=log, base=base)
+        return build(path, flavour=flavour, seed=seed, steps=steps, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -342,8 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flavour", choices=FLAVOURS, default="random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=None,
-                        help=f"training steps (default: tool-happy {TRAIN_STEPS}, "
-                             f"thinking {THINKING_STEPS} on top of tool-happy)")
+                        help=f"training steps for {' and '.join(TRAINED_FLAVOURS)} (default {TRAIN_STEPS})")
     args = parser.parse_args(argv)
     if (args.out is None) == (args.ensure is None):
         parser.error("give either OUT or --ensure FLAVOUR ...")
