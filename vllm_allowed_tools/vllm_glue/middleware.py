@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import sys
 from dataclasses import replace
 from typing import Any
 
 from ..approvals.chat import ChatApprovals
 from ..approvals.errors import GrantStoreUnavailable
-from ..errors import AllowedToolsError, CapabilityError
+from ..errors import AllowedToolsError
 from ..metrics import record_fallback
 from ..request import resolve_callable_catalog
 from ..request.custom_tools import read_custom_tools
@@ -34,9 +32,10 @@ from ..request.rewrite import (
 )
 from ..response import AllowedNames, request_tools
 from ..response.asgi import Receive, Scope, Send
+from ..response.conformance_check import CheckLog
 from ..response.contract import OutputContract
 from ..response.sse import SSEEvent
-from .argv import flag_value
+from ..settings import PLAIN_CATALOG, Settings, current
 from .authentication import find_authentication
 from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
 from .routes import (
@@ -50,28 +49,6 @@ from .routes import (
 
 #: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
 CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
-
-#: how plain ``auto`` requests decode: ``catalog`` (only the request's own tool names can be
-#: called, the default) or ``vanilla`` (as vLLM decodes them; the output guard still refuses a
-#: name outside the catalog, after the model wrote it)
-PLAIN_DECODING_ENV = "VLLM_ALLOWED_TOOLS_PLAIN_DECODING"
-PLAIN_CATALOG, PLAIN_VANILLA = "catalog", "vanilla"
-
-
-def plain_decoding() -> str:
-    value = os.environ.get(PLAIN_DECODING_ENV, PLAIN_CATALOG).strip().lower() or PLAIN_CATALOG
-    if value not in (PLAIN_CATALOG, PLAIN_VANILLA):
-        raise CapabilityError(f"{PLAIN_DECODING_ENV}={value!r} is not known; set {PLAIN_CATALOG} "
-                              f"(the default) or {PLAIN_VANILLA}", capability="config", status=500)
-    return value
-
-
-def strict_level_parameter(argv: list[str]) -> bool:
-    """Whether the server runs with vLLM's ``--tool-strict-level parameter`` (every function tool's
-    arguments pinned as if it were ``strict: true``; the output guard then validates them all)."""
-    value = flag_value(argv, "--tool-strict-level", "--tool_strict_level")
-    return value is not None and value.strip().lower() == "parameter"
-
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The whole request body; the flag says the client disconnected while sending it."""
@@ -97,21 +74,25 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any],
 class AllowedToolsMiddleware:
     """Resolve and rewrite allowed-tools requests; answer invalid selections with a 400."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, settings: Settings | None = None) -> None:
         from .capabilities import activate, check_server_args
         from .served_template import choose_placement
+        # vLLM builds it with the app alone: the process's settings, parsed (and refused) now
+        self.settings = settings = current() if settings is None else settings
         # fail at start-up, not per request, when we could not enforce
-        self.capabilities = check_server_args(sys.argv)
+        self.capabilities = check_server_args(settings)
         activate(self.capabilities)
-        self.placement = choose_placement(sys.argv)   # where the served template takes the policy
+        self.placement = choose_placement(settings)   # where the served template takes the policy
         # vLLM renders a request's own chat_template only when the operator trusts them
-        self._request_templates = "--trust-request-chat-template" in sys.argv
-        self.plain_decoding = plain_decoding()
-        self.strict_all = strict_level_parameter(sys.argv)   # read once, at start-up
-        from ..approvals import engine_from_env
-        self.approvals = engine_from_env()   # None: approvals off; a bad policy file stops start-up
+        self._request_templates = settings.launch.trust_request_chat_template
+        self.plain_decoding = settings.plain_decoding
+        self.strict_all = settings.launch.strict_level_parameter
+        from ..approvals import engine_from_settings
+        # None: approvals off; a bad policy file stops start-up
+        self.approvals = engine_from_settings(settings)
+        self._check_log = CheckLog.from_settings(settings)   # the Open Responses check mode
         self.app = app
-        self._auth = find_authentication(app, sys.argv)
+        self._auth = find_authentication(app, settings)
         self._router = find_router(app)
         if self._router is not None:
             log_route_table(self._router)
@@ -187,7 +168,7 @@ class AllowedToolsMiddleware:
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
         send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec, approvals,
-                           commit, contract=contract)
+                           commit, contract=contract, check_log=self._check_log)
         await self.app(scope, stop.receive(body, receive), send)
 
     def _placement_for(self, data: dict, api: Api) -> str:
@@ -218,7 +199,7 @@ class AllowedToolsMiddleware:
             await _send_json(send, exc.status, exc.to_openai(), error_headers(exc))
             return None
         if direct is not None:
-            await _send_direct(send, data, direct, rewritten.original_tool_choice)
+            await _send_direct(send, data, direct, rewritten.original_tool_choice, self._check_log)
             return None
         return rewritten, approvals, commit
 
@@ -267,12 +248,13 @@ class AllowedToolsMiddleware:
             prepared.commit
 
 
-async def _send_direct(send: Send, body: dict, output: list[dict], original_tool_choice: Any) -> None:
+async def _send_direct(send: Send, body: dict, output: list[dict], original_tool_choice: Any,
+                       check: CheckLog | None) -> None:
+    """Calls an approval released without the model, answered here (``check``: the check mode's
+    log; these answers are ours alone)."""
     from ..approvals.wire import direct_events, direct_response
     from ..response.conformance import conformed_response
-    from ..response.conformance_check import CheckLog
     response = conformed_response(direct_response(body, output, original_tool_choice))
-    check = CheckLog.from_env()   # the Open Responses check mode: these answers are ours alone
     if not body.get("stream"):
         if check is not None:
             check.unary(json.dumps(response).encode())
