@@ -31,6 +31,8 @@ from vllm_allowed_tools.approvals import ApprovalPolicy, open_engine
 from vllm_allowed_tools.approvals.chat import ChatCallFilter
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
+from vllm_allowed_tools.asgi.middleware import _output_contract
 from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.request.rewrite import rewrite_request
@@ -49,8 +51,6 @@ from vllm_allowed_tools.response.contract import NAMES_ONLY, OutputContract
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
-from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend, StopSignal
-from vllm_allowed_tools.vllm_glue.middleware import _output_contract
 
 NAMES = [tool.name for tool in POOL[:8]]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

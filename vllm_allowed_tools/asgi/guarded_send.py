@@ -33,7 +33,7 @@ from ..response.contract import NAMES_ONLY, OutputContract
 from ..response.conformance import conformed_event, conformed_response
 from ..response.conformance_check import CheckLog
 
-logger = logging.getLogger("vllm_allowed_tools.vllm_glue.middleware")   # the middleware's log
+logger = logging.getLogger("vllm_allowed_tools.asgi.middleware")   # the middleware's log
 
 #: ASGI extensions that send a response body without ``http.response.body`` messages
 _BODY_ELSEWHERE = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
