@@ -74,9 +74,15 @@ async def _send_json(send: Send, status: int, payload: dict[str, Any],
 
 
 class TemplatePlacement(Protocol):
-    """Where the served chat template takes the per-turn policy (chosen at start-up by probing it)."""
-    placement: str
-    served: object | None   # the served template, when requests' own templates can be probed
+    """Where the served chat template takes the per-turn policy (chosen at start-up by probing it;
+    ``vllm_glue/served_template.py``'s ``PlacementChoice``)."""
+
+    @property
+    def placement(self) -> str: ...
+
+    @property
+    def served(self) -> object | None:
+        """The served template, when a request's own template can be probed like it."""
 
     @property
     def filter_catalog(self) -> bool: ...
