@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
+from vllm_allowed_tools.settings import reset_for_tests
 from vllm_allowed_tools.testing.server import SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny
 from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
 
@@ -29,6 +30,15 @@ register_tag_builder()
 _RUNNING: list[ServeTinyProcess] = []
 _CONFORMANCE = pytest.StashKey[tuple]()
 _CREATED = pytest.StashKey[str]()
+
+
+@pytest.fixture(autouse=True)
+def _settings_read_per_test():
+    """The plugin keeps its settings for the process (``settings.current()``); a test that sets
+    variables or ``sys.argv`` before it builds a middleware gets them read, and leaves none behind."""
+    reset_for_tests()
+    yield
+    reset_for_tests()
 
 
 def start_cli_server(flavour: str, extra_args: list[str] | None = None,

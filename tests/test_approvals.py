@@ -45,7 +45,7 @@ from vllm_allowed_tools.approvals import (
     definition_digest,
     elicitation_response_schema,
     elicitation_schema,
-    engine_from_env,
+    engine_from_settings,
     load_policy,
     open_engine,
     parse_elicitation,
@@ -56,6 +56,7 @@ from vllm_allowed_tools.approvals import (
 from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals.elicitation_types import unregister_elicitation_type
 from vllm_allowed_tools.request import FunctionSpec, ToolIdentity
+from vllm_allowed_tools.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_800_000_000.0
@@ -761,8 +762,9 @@ def test_open_engine_and_env(tmp_path: Path) -> None:
     eng = open_engine(policy, tmp_path / "g.db")
     assert isinstance(eng.propose(call(s=spec("send_email")), principal="a", session="s"),
                       ToolCallApproval)
-    assert engine_from_env({}) is None
-    env_engine = engine_from_env({"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)})
+    assert engine_from_settings(Settings.from_environ({})) is None
+    env_engine = engine_from_settings(
+        Settings.from_environ({"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)}))
     assert env_engine.store.path == tmp_path / "grants.db"
     for e in (eng, env_engine):
         e.store.close()

@@ -18,9 +18,9 @@ import pytest
 from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, GrantStoreUnavailable, \
     open_engine
 from vllm_allowed_tools.approvals.wire import ResponseApprovals, prepare_request
+from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
-from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend, StopSignal
 
 GATED, FREE = "send_email", "get_weather"
 POLICY = {"rules": [{"tools": [GATED], "approval": "required", "scopes": ["once", "session"]}]}

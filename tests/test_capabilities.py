@@ -5,14 +5,26 @@ from __future__ import annotations
 import pytest
 
 from vllm_allowed_tools.errors import CapabilityError
+from vllm_allowed_tools.launch import LaunchArgs
+from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.vllm_glue.capabilities import (
     ServerCapabilities,
     backend_compiles_json_schema,
     check_server_args,
-    structured_output_backend,
 )
 
 BASE = ["vllm", "serve", "m", "--tool-call-parser", "allowed_hermes"]
+
+
+def _check(argv, environ):
+    """The start-up check of a server with this command line and environment."""
+    return check_server_args(Settings.from_environ(environ, argv))
+
+
+def structured_output_backend(argv):
+    return LaunchArgs.from_argv(argv).structured_outputs_backend
+
+
 NATIVE = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}
 
 
@@ -23,12 +35,12 @@ def test_good_configuration_passes():
     for argv in (BASE + ["--structured-outputs-config.backend", "xgrammar"], BASE):
         for environ, stage in (({"VLLM_TARGET_DEVICE": "cpu"}, "logits-processor"),
                                (GPU, "native"), ({**GPU, **NATIVE}, "native")):
-            assert check_server_args(argv, environ=environ) == ServerCapabilities(
+            assert _check(argv, environ) == ServerCapabilities(
                 constraint_stage=stage), (argv, environ)
-        caps = check_server_args(argv, environ={})   # the device as vLLM detects it here
+        caps = _check(argv, {})   # the device as vLLM detects it here
         assert caps.constraint_stage in ("native", "logits-processor")
     not_a_server = ["python", "-m", "pytest", "--tool-call-parser", "hermes"]
-    assert check_server_args(not_a_server, environ={"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}) \
+    assert _check(not_a_server, {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}) \
         == ServerCapabilities(constraint_stage="native")
 
 
@@ -39,7 +51,7 @@ def test_backends_without_structural_tags_are_refused(backend):
                  BASE + ["--structured-outputs-config", '{"backend": "%s"}' % backend]):
         assert structured_output_backend(argv) == backend
         with pytest.raises(CapabilityError, match=backend) as error:
-            check_server_args(argv, environ=NATIVE)
+            _check(argv, NATIVE)
         assert "xgrammar" in str(error.value) and error.value.status == 500
 
 
@@ -47,7 +59,7 @@ def test_last_backend_flag_wins():
     argv = BASE + ["--structured-outputs-config.backend", "xgrammar",
                    "--structured-outputs-config.backend", "guidance"]
     with pytest.raises(CapabilityError):
-        check_server_args(argv, environ=NATIVE)
+        _check(argv, NATIVE)
 
 
 LP = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor", "VLLM_TARGET_DEVICE": "cpu"}
@@ -60,59 +72,59 @@ def test_logits_processor_stage_serves_other_backends():
     """The logits processor is what makes a non-xgrammar backend usable: the grammar never reaches
     it. ``auto`` (the default) picks it there by itself."""
     guidance = BASE + ["--structured-outputs-config.backend", "guidance"]
-    assert check_server_args(guidance, environ=LP).constraint_stage == "logits-processor"
-    assert check_server_args(guidance, environ={**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}) \
+    assert _check(guidance, LP).constraint_stage == "logits-processor"
+    assert _check(guidance, {**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}) \
         .constraint_stage == "logits-processor"
     with pytest.raises(CapabilityError, match="guidance.*speculative decoding"):
-        check_server_args(guidance + ["--speculative-config", "{}"], environ=GPU)
+        _check(guidance + ["--speculative-config", "{}"], GPU)
 
 
 def test_auto_stage_follows_the_benchmark():
     """``auto``: the logits processor on CPU (measured faster there), vLLM's native path on
     accelerators (not measured) and wherever the processor cannot run."""
-    assert check_server_args(BASE, environ={"VLLM_TARGET_DEVICE": "cpu"}).constraint_stage == "logits-processor"
-    assert check_server_args(BASE, environ=GPU).constraint_stage == "native"
-    assert check_server_args(BASE + ["--speculative-config", "{}"],
-                             environ={"VLLM_TARGET_DEVICE": "cpu"}).constraint_stage == "native"
-    assert check_server_args(BASE, environ={"VLLM_TARGET_DEVICE": "cpu", **NATIVE}).constraint_stage == "native"
+    assert _check(BASE, {"VLLM_TARGET_DEVICE": "cpu"}).constraint_stage == "logits-processor"
+    assert _check(BASE, GPU).constraint_stage == "native"
+    assert _check(BASE + ["--speculative-config", "{}"],
+                  {"VLLM_TARGET_DEVICE": "cpu"}).constraint_stage == "native"
+    assert _check(BASE, {"VLLM_TARGET_DEVICE": "cpu", **NATIVE}).constraint_stage == "native"
 
 
 def test_logits_processor_stage_refuses_speculative_decoding():
     argv = BASE + ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}']
-    check_server_args(argv, environ={})      # the native path supports it
+    _check(argv, {})      # the native path supports it
     with pytest.raises(CapabilityError, match="speculative decoding") as error:
-        check_server_args(argv, environ=LP)
+        _check(argv, LP)
     assert error.value.capability == "constraint_stage"
 
 
 def test_logits_processor_stage_needs_the_v1_runner_off_cpu():
     gpu = {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "logits-processor", **GPU}
     with pytest.raises(CapabilityError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        check_server_args(BASE, environ=gpu)
-    check_server_args(BASE, environ={**gpu, "VLLM_USE_V2_MODEL_RUNNER": "0"})
+        _check(BASE, gpu)
+    _check(BASE, {**gpu, "VLLM_USE_V2_MODEL_RUNNER": "0"})
 
 
 def test_unknown_constraint_stage_is_refused():
     with pytest.raises(CapabilityError, match="VLLM_ALLOWED_TOOLS_CONSTRAINT"):
-        check_server_args(BASE, environ={"VLLM_ALLOWED_TOOLS_CONSTRAINT": "both"})
+        _check(BASE, {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "both"})
 
 
 def test_base_parser_with_the_middleware_is_refused():
     with pytest.raises(CapabilityError, match="allowed_hermes"):
-        check_server_args(["vllm", "serve", "m", "--tool-call-parser", "hermes"], environ={})
+        _check(["vllm", "serve", "m", "--tool-call-parser", "hermes"], {})
 
 
 def test_every_registered_wire_format_has_an_accepted_parser():
     from vllm_allowed_tools.formats import wire_formats
     for entry in wire_formats():
-        check_server_args(["vllm", "serve", "m", "--tool-call-parser", entry.parser_name], environ={})
+        _check(["vllm", "serve", "m", "--tool-call-parser", entry.parser_name], {})
     with pytest.raises(CapabilityError, match="allowed_longcat"):
-        check_server_args(["vllm", "serve", "m", "--tool-call-parser", "longcat"], environ={})
+        _check(["vllm", "serve", "m", "--tool-call-parser", "longcat"], {})
 
 
 def test_strict_tool_calling_switched_off_is_refused():
     with pytest.raises(CapabilityError, match="VLLM_ENFORCE_STRICT_TOOL_CALLING"):
-        check_server_args(BASE, environ={"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"})
+        _check(BASE, {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"})
 
 
 @pytest.mark.server
@@ -158,7 +170,7 @@ def tiny_model_dir():
 
 def _placement(argv, environ=None):
     from vllm_allowed_tools.vllm_glue.served_template import choose_placement
-    return choose_placement(argv, environ or {})
+    return choose_placement(Settings.from_environ(environ or {}, argv))
 
 
 def _serve(model, template=None):
@@ -315,12 +327,12 @@ def test_json_schemas_stay_native_only_where_the_backend_forced_the_processor():
     leaves JSON schemas to outlines; the operator forcing the processor, or a backend whose
     schemas are not checked here, keeps every grammar on the processor."""
     for environ in ({"VLLM_TARGET_DEVICE": "cpu"}, {**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}):
-        assert check_server_args(OUTLINES, environ=environ) == ServerCapabilities(
+        assert _check(OUTLINES, environ) == ServerCapabilities(
             constraint_stage="logits-processor", json_schema_backend="outlines")
-    assert check_server_args(OUTLINES, environ=LP).json_schema_backend is None
+    assert _check(OUTLINES, LP).json_schema_backend is None
     for backend in ("guidance", "lm-format-enforcer", "xgrammar", "auto"):
         argv = BASE + ["--structured-outputs-config.backend", backend]
-        caps = check_server_args(argv, environ={"VLLM_TARGET_DEVICE": "cpu"})
+        caps = _check(argv, {"VLLM_TARGET_DEVICE": "cpu"})
         assert caps.constraint_stage == "logits-processor"
         assert not backend_compiles_json_schema(caps.json_schema_backend, {"type": "string"})
 

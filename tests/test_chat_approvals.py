@@ -253,6 +253,26 @@ def test_the_middleware_hands_vllm_the_narrowed_allowlist(tmp_path, monkeypatch)
     assert TEMPLATE_KWARG not in (forwarded.get("chat_template_kwargs") or {})
 
 
+def test_the_turn_the_approvals_prepare_names_its_parts(engine):
+    """prepare_turn, which the middleware runs off the loop: a Chat turn is decided (its gated
+    tools out of the wire allowlist, the decision kept for the guard); a render request reaches
+    no store and only loses its approval hints."""
+    from vllm_allowed_tools.approvals.turn import prepare_turn
+    hinted = [{**TOOLS[0], "approval": {"required": True}}, TOOLS[1]]
+    body = _body("auto", tools=hinted)
+    rewritten = rewrite_request(body, "chat")
+    turn = prepare_turn(engine, rewritten.request, rewritten, "chat", headers=[], render=False)
+    assert turn.chat is not None and GATED in turn.chat.blocked
+    assert turn.responses is None and turn.direct_output is None and turn.commit is None
+    assert turn.rewritten.body[ALLOWLIST_KEY]["allowed"] == [FREE]
+    assert all("approval" not in tool for tool in turn.rewritten.body["tools"])
+    engine.store.find_grants = None   # a render never reads the store
+    rendered = prepare_turn(engine, rewritten.request, rewritten, "chat", headers=[], render=True)
+    assert (rendered.chat, rendered.responses, rendered.commit) == (None, None, None)
+    assert rendered.rewritten.changed
+    assert all("approval" not in tool for tool in rendered.rewritten.body["tools"])
+
+
 def test_the_store_is_read_only_for_gated_tools_and_fails_closed(engine, monkeypatch):
     from vllm_allowed_tools.approvals import GrantStoreUnavailable
 

@@ -23,6 +23,7 @@ from test_template_corpus import CORPUS, PLACEMENT, REFUSED, REFUSED_BECAUSE, TE
 from vllm_allowed_tools.devtools import check
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.formats import wire_formats
+from vllm_allowed_tools.settings import Settings, reset_for_tests
 from vllm_allowed_tools.templates import template_path
 from vllm_allowed_tools.vllm_glue.capabilities import check_server_args
 from vllm_allowed_tools.vllm_glue.served_template import choose_placement
@@ -75,12 +76,17 @@ def finding(report: dict, guarantee: str) -> dict:
     return next(item for item in report["findings"] if item["guarantee"] == guarantee)
 
 
+def server_settings(command: list[str]) -> Settings:
+    """The settings a server started with this command line in this environment parses."""
+    return Settings.from_environ(os.environ, command)
+
+
 def startup_decisions(command: list[str]) -> tuple[str, str | None]:
     """(the constraint stage, the placement or None for a refusal): what the server's start-up
     functions decide on the same command line."""
-    stage = check_server_args(command, dict(os.environ)).constraint_stage
+    stage = check_server_args(server_settings(command)).constraint_stage
     try:
-        return stage, choose_placement(command, dict(os.environ)).placement
+        return stage, choose_placement(server_settings(command)).placement
     except CapabilityError:
         return stage, None
 
@@ -150,7 +156,7 @@ def test_a_base_parser_is_refused_naming_our_wrapper(capsys, random_model) -> No
     assert code == 1
     assert "--tool-call-parser allowed_hermes" in finding(report, "tool_parser")["reason"]
     with pytest.raises(CapabilityError, match="allowed_hermes"):
-        check_server_args([*report["command"], "--middleware", "x"], dict(os.environ))
+        check_server_args(server_settings([*report["command"], "--middleware", "x"]))
 
 
 @pytest.mark.parametrize("backend", ["guidance", "outlines", "lm-format-enforcer"])
@@ -163,7 +169,7 @@ def test_a_backend_without_structural_tags_is_refused_on_the_native_stage(capsys
     stage = finding(report, "constraint_stage")
     assert stage["verdict"] == "refused" and f"the {backend!r} structured-output backend" in stage["reason"]
     with pytest.raises(CapabilityError) as error:
-        check_server_args(report["command"], dict(os.environ))
+        check_server_args(server_settings(report["command"]))
     assert str(error.value) == stage["reason"]
 
 
@@ -177,7 +183,7 @@ def test_the_stage_follows_the_backend_and_the_device(capsys, monkeypatch, rando
     monkeypatch.setenv("VLLM_TARGET_DEVICE", "cuda")
     code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes")
     assert code == 0 and finding(report, "constraint_stage")["details"]["stage"] == \
-        check_server_args(report["command"], dict(os.environ)).constraint_stage == "native"
+        check_server_args(server_settings(report["command"])).constraint_stage == "native"
     code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes", "--",
                        "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
     assert code == 0 and "--speculative-config" in report["command"]
@@ -230,9 +236,13 @@ def test_plugin_switches_read_at_start_up_are_checked(capsys, monkeypatch, rando
     code, report = run(capsys, *argv)
     assert code == 1 and "missing.toml" in finding(report, "configuration")["reason"]
     monkeypatch.delenv("VLLM_ALLOWED_TOOLS_APPROVAL_POLICY")
-    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", "lots")   # read per request: a warning
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", "lots")   # parsed at start-up too
     code, report = run(capsys, *argv)
-    assert code == 0 and verdicts(report)["configuration"] == "warn"
+    configuration = finding(report, "configuration")
+    assert code == 1 and "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE='lots'" in configuration["reason"]
+    assert configuration["details"]["variables"] == ["VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"]
+    assert verdicts(report)["grammar"] == "ok"   # the rest is checked as without the bad value
+    monkeypatch.delenv("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE")
     monkeypatch.setenv("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
     code, report = run(capsys, *argv)
     assert code == 1 and "VLLM_ENFORCE_STRICT_TOOL_CALLING" in finding(report, "constraint_stage")["reason"]
@@ -258,6 +268,7 @@ MIDDLEWARE_CASES = {
                                     {"VLLM_ALLOWED_TOOLS_FALLBACK": "filter-catalog"}),
     "mistral tokenizer mode": (["--tokenizer-mode", "mistral"], {}),
     "unknown plain decoding": ([], {"VLLM_ALLOWED_TOOLS_PLAIN_DECODING": "loose"}),
+    "bad whitespace cap": ([], {"VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE": "lots"}),
     "missing approval policy": ([], {"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": "{tmp}/missing.toml"}),
     "strict tool calling off": ([], {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}),
 }
@@ -281,6 +292,7 @@ def test_the_check_refuses_exactly_what_the_middleware_refuses_at_start_up(capsy
     code, report = run(capsys, str(random_model), "--tool-call-parser", "allowed_hermes", *flags)
     module, name = MIDDLEWARE.rsplit(".", 1)
     monkeypatch.setattr(sys, "argv", report["command"])
+    reset_for_tests()   # the middleware parses this process's settings: the server's command line
     monkeypatch.setattr(capabilities, "_ACTIVE", None)   # what building the middleware records
     try:
         getattr(importlib.import_module(module), name)(lambda *_: None)

@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vllm_allowed_tools"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 ROLES = ("request", "decode", "response", "approvals", "dispatch", "formats", "grammars", "templates",
-         "vllm_glue", "devtools", "testing")
+         "asgi", "vllm_glue", "devtools", "testing")
 
 
 def _modules() -> list[Path]:
@@ -48,7 +48,64 @@ def _imports(path: Path) -> set[str]:
     return names
 
 
+def _package_imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports from (``from .x import y``, ``from ..x import y``,
+    ``from vllm_allowed_tools.x import y``), as paths relative to the package: ``vllm_glue/x.py``,
+    or a package's ``__init__.py``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        parts = node.module.split(".") if node.module else []
+        if node.level:   # level 1: this module's folder, 2: the one above it, ...
+            base = path.relative_to(PACKAGE).parents[node.level - 1]
+        elif parts[:1] == [PACKAGE.name]:
+            base, parts = Path(), parts[1:]
+        else:
+            continue
+        target = base.joinpath(*parts)
+        for alias in node.names:   # a module imported from a package, else the module itself
+            candidates = [target / f"{alias.name}.py",
+                          *([target.with_suffix(".py")] if parts else []), target / "__init__.py"]
+            existing = [str(c) for c in candidates if (PACKAGE / c).is_file()]
+            found.update(existing[:1])
+    return found
+
+
+def _reaches_vllm(module: str, seen: set[str]) -> bool:
+    """Whether a package module imports vLLM, itself or through the package modules it imports."""
+    if module in seen:
+        return False
+    seen.add(module)
+    path = PACKAGE / module
+    return "vllm" in _imports(path) or any(_reaches_vllm(other, seen) for other in _package_imports(path))
+
+
 def test_only_the_glue_imports_vllm() -> None:
     outside = [str(p.relative_to(PACKAGE)) for p in _modules()
                if "vllm" in _imports(p) and p.relative_to(PACKAGE).parts[0] != "vllm_glue"]
     assert not outside, f"modules outside vllm_glue/ that import vLLM: {outside}"
+
+
+def test_the_glue_is_exactly_the_vllm_facing_layer() -> None:
+    """Every vllm_glue/ module faces vLLM (imports it, itself or through a module it builds on);
+    one that does not belongs to the plain layers (asgi/, request/, ...)."""
+    plain = [str(p.relative_to(PACKAGE)) for p in sorted((PACKAGE / "vllm_glue").glob("*.py"))
+             if p.name != "__init__.py" and not _reaches_vllm(str(p.relative_to(PACKAGE)), set())]
+    assert not plain, f"vllm_glue/ modules that import no vLLM (move them out of the glue): {plain}"
+
+
+def test_the_asgi_layer_reaches_no_vllm() -> None:
+    """asgi/ runs on plain ASGI: no vLLM import, and nothing from the glue (which the glue's own
+    middleware builds it with)."""
+    reaching = [str(p.relative_to(PACKAGE)) for p in sorted((PACKAGE / "asgi").glob("*.py"))
+                if _reaches_vllm(str(p.relative_to(PACKAGE)), set())
+                or any(m.startswith("vllm_glue/") for m in _package_imports(p))]
+    assert not reaching, f"asgi/ modules that reach vLLM or vllm_glue/: {reaching}"
+
+
+def test_the_import_scan_resolves_relative_and_absolute_imports() -> None:
+    middleware = PACKAGE / "vllm_glue" / "middleware.py"
+    assert {"asgi/middleware.py", "settings.py", "vllm_glue/capabilities.py"} <= _package_imports(middleware)
+    assert _reaches_vllm("vllm_glue/middleware.py", set())   # through capabilities.py
+    assert not _reaches_vllm("asgi/middleware.py", set())

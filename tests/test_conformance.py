@@ -24,6 +24,7 @@ from vllm_allowed_tools.response import conformance_check as checks
 from vllm_allowed_tools.response.calls import AllowedNames
 from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
+from vllm_allowed_tools.settings import Settings
 
 DATA = Path(__file__).parent / "data" / "guard"
 FOLDER = Path(c.__file__).parent / "openresponses"
@@ -216,8 +217,9 @@ def test_a_stream_ended_early_sends_a_conforming_failed_event() -> None:
 # -- the check mode
 
 def test_check_log_records_every_object_and_event(tmp_path: Path) -> None:
-    log = checks.CheckLog.from_env({checks.CHECK_LOG_ENV: str(tmp_path / "conf.jsonl")})
-    assert log is not None and checks.CheckLog.from_env({}) is None
+    log = checks.CheckLog.from_settings(
+        Settings.from_environ({checks.CHECK_LOG_ENV: str(tmp_path / "conf.jsonl")}))
+    assert log is not None and checks.CheckLog.from_settings(Settings.from_environ({})) is None
     log.unary(json.dumps(load("responses_unary_single")["body"]).encode())
     check = log.stream()
     raw = load("responses_stream_single")["sse"].encode()

@@ -26,7 +26,6 @@ from vllm_allowed_tools.decode.stage import (
     ConstraintArgsError,
     choose_stage,
     read_extra_args,
-    requested_stage,
 )
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.errors import CapabilityError
@@ -97,13 +96,6 @@ def test_extra_args_round_trip_and_refusals():
         read_extra_args({**args, XARGS_DIGEST: "0" * 64})
     with pytest.raises(ConstraintArgsError, match=XARGS_TAG):
         read_extra_args({XARGS_DIGEST: tag.digest})
-
-
-def test_stage_switch():
-    assert requested_stage({}) == "auto"
-    assert requested_stage({"VLLM_ALLOWED_TOOLS_CONSTRAINT": " Logits-Processor "}) == "logits-processor"
-    with pytest.raises(CapabilityError, match="VLLM_ALLOWED_TOOLS_CONSTRAINT"):
-        requested_stage({"VLLM_ALLOWED_TOOLS_CONSTRAINT": "fast"})
 
 
 @pytest.mark.parametrize("requested,compiles,on_cpu,blocked,expected", [

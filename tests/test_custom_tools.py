@@ -10,6 +10,7 @@ import copy
 import pytest
 from test_guard_backstops import run_guard
 
+from vllm_allowed_tools.asgi.middleware import _output_contract
 from vllm_allowed_tools.errors import AllowedToolsError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
 from vllm_allowed_tools.request.rewrite import echo_of, restore_echo, rewrite_request
@@ -17,7 +18,6 @@ from vllm_allowed_tools.response import ResponsesStreamGuard
 from vllm_allowed_tools.response.calls import AllowedNames
 from vllm_allowed_tools.response.unary import check_responses_object
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
-from vllm_allowed_tools.vllm_glue.middleware import _output_contract
 
 PATCH_GRAMMAR = '''start: begin_patch hunk+ end_patch
 begin_patch: "*** Begin Patch" LF

@@ -26,7 +26,6 @@ from vllm_allowed_tools.approvals import (
     ToolCallApproval,
     open_store,
 )
-from vllm_allowed_tools.approvals.store import store_timeout_from_env
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
 from vllm_allowed_tools.request import FunctionSpec, ToolIdentity, resolve_allowlist
@@ -167,14 +166,6 @@ def test_start_up_with_an_unusable_path_names_it(tmp_path: Path) -> None:
     with pytest.raises(GrantStoreUnavailable) as info:
         open_store(target)
     assert str(target) in info.value.detail and "VLLM_ALLOWED_TOOLS_GRANT_STORE" in info.value.detail
-
-
-def test_store_timeout_from_env() -> None:
-    assert store_timeout_from_env({}) == 5.0
-    assert store_timeout_from_env({"VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT": "1.5"}) == 1.5
-    for bad in ("0", "-1", "soon", "nan", "inf"):
-        with pytest.raises(ValueError, match="positive number of seconds"):
-            store_timeout_from_env({"VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT": bad})
 
 
 # ------------------------------------------------------------------------------------------- wire

@@ -31,6 +31,9 @@ from vllm_allowed_tools.approvals import ApprovalPolicy, open_engine
 from vllm_allowed_tools.approvals.chat import ChatCallFilter
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
+from vllm_allowed_tools.asgi.middleware import _output_contract
+from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.request.rewrite import rewrite_request
 from vllm_allowed_tools.response import (
@@ -46,9 +49,8 @@ from vllm_allowed_tools.response import (
 )
 from vllm_allowed_tools.response.contract import NAMES_ONLY, OutputContract
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
+from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
-from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend, StopSignal
-from vllm_allowed_tools.vllm_glue.middleware import _output_contract, strict_level_parameter
 
 NAMES = [tool.name for tool in POOL[:8]]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -177,21 +179,15 @@ def test_a_choice_left_to_vllm_still_gets_argument_checks_from_the_catalog():
     (["vllm", "serve", "m"], False),
 ])
 def test_the_strict_level_is_read_from_the_command_line(argv, expected):
-    assert strict_level_parameter(argv) is expected
+    assert LaunchArgs.from_argv(argv).strict_level_parameter is expected
 
 
-def test_the_middleware_reads_the_strict_level_once_at_start(monkeypatch):
-    import vllm_allowed_tools.vllm_glue.middleware as middleware
-    seen = []
-    monkeypatch.setattr(middleware, "strict_level_parameter",
-                        lambda argv: seen.append(list(argv)) or True)
-    for name in ("check_server_args", "activate", "choose_placement"):   # start-up, stubbed
-        module = "capabilities" if name != "choose_placement" else "served_template"
-        monkeypatch.setattr(f"vllm_allowed_tools.vllm_glue.{module}.{name}", lambda *a, **k: None)
-    monkeypatch.setattr("vllm_allowed_tools.approvals.engine_from_env", lambda: None)
-    monkeypatch.setattr(middleware, "find_authentication", lambda *a: None)
-    instance = middleware.AllowedToolsMiddleware(app=None)
-    assert instance.strict_all is True and len(seen) == 1
+@pytest.mark.parametrize("level, expected", [("parameter", True), ("function", False)])
+def test_the_middleware_takes_the_strict_level_of_its_start_up_settings(level, expected):
+    from vllm_allowed_tools.vllm_glue.middleware import AllowedToolsMiddleware
+    # not a `serve` line: nothing to probe; the level is what the backstops are built with
+    settings = Settings.from_environ({}, ["pytest", "--tool-strict-level", level])
+    assert AllowedToolsMiddleware(app=None, settings=settings).strict_all is expected
 
 
 # ------------------------------------------------------------------ required without a call: unary

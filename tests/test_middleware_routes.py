@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 
 pytest.importorskip("vllm")
 
+from vllm_allowed_tools.asgi.routes import decide  # noqa: E402
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME  # noqa: E402
-from vllm_allowed_tools.vllm_glue.routes import decide  # noqa: E402
 
 MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
 KEY = "key-one"
@@ -51,7 +51,7 @@ def served(monkeypatch, tmp_path):
 
 
 def test_every_mounted_route_has_a_decision_and_tool_routes_are_covered(served):
-    from vllm_allowed_tools.vllm_glue.routes import route_table
+    from vllm_allowed_tools.asgi.routes import route_table
     _, middleware = served
     table = {(method, template): decision.decision
              for method, template, decision in route_table(middleware._router)}

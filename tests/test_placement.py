@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vllm_allowed_tools.devtools.render import _compile
+from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.request.placement import (
     LAST_MESSAGE,
     SYSTEM_MESSAGE,
@@ -22,7 +23,10 @@ from vllm_allowed_tools.request.placement import (
 )
 from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, echo_of, restore_echo, rewrite_request
 from vllm_allowed_tools.request.template_probe import check_placement, check_user_turn, probe_template
+from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.vllm_glue.plugin import MIDDLEWARE, with_our_middleware
+
+NO_SETTINGS = Settings.from_environ({})   # an environment with none of our variables
 
 TEXT = policy_text("auto", ["b", "a"])
 
@@ -209,20 +213,23 @@ SERVE = ["vllm", "serve", "m", "--enable-auto-tool-choice"]
 
 def test_our_parser_installs_the_middleware_once():
     argv = SERVE + ["--tool-call-parser", "allowed_hermes"]
-    assert with_our_middleware(argv, {}) == argv + ["--middleware", MIDDLEWARE]
-    assert with_our_middleware(with_our_middleware(argv, {}), {}) == argv + ["--middleware", MIDDLEWARE]
-    assert with_our_middleware(argv + [f"--middleware={MIDDLEWARE}"], {}) == argv + [f"--middleware={MIDDLEWARE}"]
+    assert with_our_middleware(argv, NO_SETTINGS) == argv + ["--middleware", MIDDLEWARE]
+    assert with_our_middleware(with_our_middleware(argv, NO_SETTINGS), NO_SETTINGS) \
+        == argv + ["--middleware", MIDDLEWARE]
+    assert with_our_middleware(argv + [f"--middleware={MIDDLEWARE}"], NO_SETTINGS) \
+        == argv + [f"--middleware={MIDDLEWARE}"]
     other = argv + ["--middleware", "my.Middleware"]
-    assert with_our_middleware(other, {}) == other + ["--middleware", MIDDLEWARE]
-    assert with_our_middleware(SERVE + ["--tool-call-parser=allowed_pythonic"], {})[-1] == MIDDLEWARE
+    assert with_our_middleware(other, NO_SETTINGS) == other + ["--middleware", MIDDLEWARE]
+    assert with_our_middleware(SERVE + ["--tool-call-parser=allowed_pythonic"], NO_SETTINGS)[-1] == MIDDLEWARE
 
 
 def test_other_parsers_and_commands_are_left_alone():
     for argv in (SERVE + ["--tool-call-parser", "hermes"], SERVE, ["python", "-m", "pytest",
                                                                   "--tool-call-parser", "allowed_hermes"]):
-        assert with_our_middleware(argv, {}) == argv
+        assert with_our_middleware(argv, NO_SETTINGS) == argv
     vouched = SERVE + ["--tool-call-parser", "mine"]
-    assert with_our_middleware(vouched, {"VLLM_ALLOWED_TOOLS_EXTRA_PARSERS": "mine"})[-1] == MIDDLEWARE
+    vouching = Settings.from_environ({"VLLM_ALLOWED_TOOLS_EXTRA_PARSERS": "mine"})
+    assert with_our_middleware(vouched, vouching)[-1] == MIDDLEWARE
 
 
 def test_probe_conversation_is_not_mutated_by_rendering():
@@ -261,7 +268,8 @@ def test_harmony_prompts_take_the_policy_as_a_trailing_developer_message(tmp_pat
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "gpt_oss"}))
     argv = ["vllm", "serve", str(model), "--tool-call-parser", "allowed_openai"]
-    assert serves_harmony(argv) and not serves_harmony(["vllm", "serve", str(tmp_path / "none")])
-    choice = choose_placement(argv, environ={},
+    assert serves_harmony(LaunchArgs.from_argv(argv))
+    assert not serves_harmony(LaunchArgs.from_argv(["vllm", "serve", str(tmp_path / "none")]))
+    choice = choose_placement(Settings.from_environ({}, argv),
                               load=lambda _: (_ for _ in ()).throw(AssertionError("no template read")))
     assert choice.placement == SYSTEM_MESSAGE and "harmony" in choice.origin

@@ -166,7 +166,7 @@ def test_upstream_named_choice_with_malformed_tools_names_the_field(random_serve
 
 
 def test_cancelled_guarded_receive_leaves_no_pending_task():
-    from vllm_allowed_tools.vllm_glue.guarded_send import StopSignal as _Stop
+    from vllm_allowed_tools.asgi.guarded_send import StopSignal as _Stop
 
     async def scenario() -> list:
         never = asyncio.Event()

@@ -308,7 +308,7 @@ def _serve(status: int, headers: list[tuple[bytes, bytes]], bodies: list[bytes],
     ``_GuardedSend``, as it wraps a plain Chat request (``tool_choice: required`` over two pool
     tools; ``tools=False``: no tools, so no policy): (status, lowercased headers, body the client
     got, whether the app was told to stop)."""
-    from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
+    from vllm_allowed_tools.asgi.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
 
     policy = AllowedNames(tool.name for tool in POOL[:2]) if tools else None
     stop = _Stop()
@@ -416,7 +416,7 @@ def test_error_answers_and_requests_without_tools_pass_as_they_are():
 @pytest.mark.parametrize("content_type", [b"application/json", b"text/event-stream"])
 def test_a_body_sent_past_the_guard_is_refused(content_type):
     """``http.response.pathsend`` (a body from a file, an ASGI extension) never passes the guard."""
-    from vllm_allowed_tools.vllm_glue.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
+    from vllm_allowed_tools.asgi.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
 
     before = _unreadable()
     sent: list[dict[str, Any]] = []

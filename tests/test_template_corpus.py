@@ -29,6 +29,7 @@ from conftest import load_script
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, canonical_tools, place_policy
 from vllm_allowed_tools.request.template_probe import check_placement, common_prefix_length, probe_template
+from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.vllm_glue.served_template import ServedTemplate, choose_placement
 
 SERVING_DOC = Path(__file__).resolve().parent.parent / "docs" / "serving.md"
@@ -264,7 +265,7 @@ def test_start_up_names_what_in_the_template_prevents_the_policy(model_dir) -> N
     argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
             "--chat-template", str(CORPUS / f"{name}.jinja")]
     with pytest.raises(CapabilityError) as refused:
-        choose_placement(argv, {})
+        choose_placement(Settings.from_environ({}, argv))
     message = str(refused.value)
     assert f"the chat template ({CORPUS / name}.jinja) cannot take" in message
     assert REFUSED_BECAUSE[name] in message
@@ -276,7 +277,7 @@ def test_start_up_warns_where_reuse_holds_within_an_agent_loop_only(model_dir, c
     argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
             "--chat-template", str(CORPUS / "tool_chat_template_mistral3.jinja")]
     with caplog.at_level("INFO", logger="vllm.allowed_tools"):
-        choice = choose_placement(argv, {})
+        choice = choose_placement(Settings.from_environ({}, argv))
     assert choice.placement == LAST_MESSAGE
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and warnings[0].endswith(choice.notes[0]), warnings
@@ -424,7 +425,7 @@ def test_start_up_says_what_a_thinking_template_drops_at_a_user_turn(model_dir, 
     argv = ["vllm", "serve", str(model_dir), "--tool-call-parser", "allowed_hermes",
             "--chat-template", str(CORPUS / "moonshotai-Kimi-K2-Thinking.jinja")]
     with caplog.at_level("INFO", logger="vllm.allowed_tools"):
-        choice = choose_placement(argv, {})
+        choice = choose_placement(Settings.from_environ({}, argv))
     said = {r.levelname: r.getMessage() for r in caplog.records if "new user turn" in r.getMessage()}
     assert list(said) == ["INFO"] and choice.notes == [choice.probe.reasoning_note]
     assert ("reasoning passed back in the history is reused within an agent loop but prefilled "

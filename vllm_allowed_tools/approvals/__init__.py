@@ -1,6 +1,6 @@
 """Tool-call approvals: OpenResponses-style ``elicitation`` items with scoped, bound, revocable grants.
 
-The vLLM-free core; the server glue builds it with :func:`engine_from_env`, a library with
+The vLLM-free core; the server glue builds it with :func:`engine_from_settings`, a library with
 :func:`open_engine`. Usage, the policy file, the wire items, the decisions and the store's contract
 are in ``docs/approvals.md``.
 """
@@ -8,8 +8,9 @@ are in ``docs/approvals.md``.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from pathlib import Path
+
+from ..settings import Settings
 
 from .digests import arguments_digest, definition_digest
 from .elicitation_types import (
@@ -77,7 +78,7 @@ __all__ = [
     "definition_digest",
     "elicitation_response_schema",
     "elicitation_schema",
-    "engine_from_env",
+    "engine_from_settings",
     "load_policy",
     "open_engine",
     "open_store",
@@ -87,8 +88,8 @@ __all__ = [
     "register_elicitation_type",
 ]
 
-ENV_POLICY = "VLLM_ALLOWED_TOOLS_APPROVAL_POLICY"
-ENV_GRANT_STORE = "VLLM_ALLOWED_TOOLS_GRANT_STORE"
+ENV_POLICY = Settings.variable("approval_policy")
+ENV_GRANT_STORE = Settings.variable("grant_store")
 
 
 def open_engine(policy: str | os.PathLike[str] | ApprovalPolicy,
@@ -104,12 +105,13 @@ def open_engine(policy: str | os.PathLike[str] | ApprovalPolicy,
     return ApprovalEngine(policy, open_store(store))
 
 
-def engine_from_env(environ: Mapping[str, str] | None = None) -> ApprovalEngine | None:
+def engine_from_settings(settings: Settings) -> ApprovalEngine | None:
     """:func:`open_engine` from ``VLLM_ALLOWED_TOOLS_APPROVAL_POLICY`` and
-    ``VLLM_ALLOWED_TOOLS_GRANT_STORE``; None when no policy is configured (approvals off)."""
-    env = os.environ if environ is None else environ
-    policy_path = env.get(ENV_POLICY)
-    if not policy_path:
+    ``VLLM_ALLOWED_TOOLS_GRANT_STORE`` (``grants.db`` next to the policy file when unset), with
+    the store timeout the settings give; None when no policy is configured (approvals off)."""
+    policy_path = settings.approval_policy
+    if policy_path is None:
         return None
-    store = env.get(ENV_GRANT_STORE) or str(Path(policy_path).resolve().parent / "grants.db")
-    return open_engine(policy_path, store)
+    store = settings.grant_store or str(Path(policy_path).resolve().parent / "grants.db")
+    return ApprovalEngine(load_policy(policy_path),
+                          open_store(store, timeout_s=settings.grant_store_timeout_s))

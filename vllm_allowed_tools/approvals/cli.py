@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from ..settings import current
 from .store import Grant, open_store
 
 __all__ = ["main"]
@@ -66,7 +67,7 @@ def _days(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.approvals.cli",
                                      description="List and revoke tool-call approval grants.")
-    parser.add_argument("--db", default=os.environ.get("VLLM_ALLOWED_TOOLS_GRANT_STORE"),
+    parser.add_argument("--db", default=current().grant_store,
                         help="SQLite path or postgresql:// DSN (default: "
                              "$VLLM_ALLOWED_TOOLS_GRANT_STORE)")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -11,7 +11,6 @@ manager does for the native stage, and its matcher starts from the token the gat
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..settings import current
 from .grammar import _LRU, tag_digest
 from .stage import ConstraintArgsError, GrammarText, RequestGrammar
 
@@ -42,7 +42,7 @@ class CompiledGrammars:
         # the budget vLLM's xgrammar backend takes
         self._compiler = xgr.GrammarCompiler(
             tokenizer_info, max_threads=max_threads, cache_enabled=True,
-            cache_limit_bytes=int(os.environ.get("VLLM_XGRAMMAR_CACHE_MB", "512")) << 20)
+            cache_limit_bytes=current().xgrammar_cache_mb << 20)
         self._cache = _LRU(capacity)
         self._catalogs = _LRU(catalog_capacity)
         self._catalog_jobs: dict[str, Future] = {}

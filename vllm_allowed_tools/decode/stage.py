@@ -8,7 +8,6 @@ xgrammar or torch to know their names. The masking itself is in :mod:`.masks`.""
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,8 @@ XARGS_ENVELOPE_DIGEST = "vllm_allowed_tools_envelope_tag_digest"
 XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST, XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE,
               XARGS_ENVELOPE_DIGEST)
 
-#: which constraint stage serves allowed-tools grammars; see :func:`choose_stage`
+#: which constraint stage serves allowed-tools grammars (read by :mod:`..settings`); see
+#: :func:`choose_stage`
 STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
 STAGE_AUTO = "auto"
 STAGE_NATIVE = "native"
@@ -35,18 +35,6 @@ STAGES = (STAGE_AUTO, STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
 
 class ConstraintArgsError(ValueError):
     """Malformed constraint arguments on a request (reported as a 400 naming the key)."""
-
-
-def requested_stage(environ: Mapping[str, str] | None = None) -> str:
-    """The operator's switch as set (``auto`` when unset); an unknown value is refused."""
-    value = (environ if environ is not None else os.environ).get(STAGE_ENV, "").strip().lower()
-    if not value:
-        return STAGE_AUTO
-    if value not in STAGES:
-        from ..errors import CapabilityError
-        raise CapabilityError(f"{STAGE_ENV}={value!r} is not a constraint stage; set one of "
-                              f"{', '.join(STAGES)} or unset it", capability="config", status=500)
-    return value
 
 
 def choose_stage(requested: str, *, backend: str, backend_compiles_tags: bool, on_cpu: bool,

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..settings import Settings, SettingsError, process_environment
 from .check_findings import GUARANTEES, Finding
 
 EXIT_STARTS, EXIT_REFUSED, EXIT_BAD_INPUT = 0, 1, 2
@@ -97,9 +97,10 @@ def take_vllm_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
     args.vllm_args = list(unknown[1:])
 
 
-def server_command(args: argparse.Namespace) -> list[str]:
+def server_command(args: argparse.Namespace, settings: Settings) -> list[str]:
     """The ``vllm serve`` command line the check decides for (tools on, as the plugin needs),
-    with our middleware added where the plugin would add it."""
+    with our middleware added where the plugin would add it (under ``settings``' vouched
+    parsers)."""
     from ..vllm_glue.plugin import with_our_middleware
     flags = [("--tool-call-parser", args.tool_call_parser), ("--tokenizer", args.tokenizer),
              ("--chat-template", args.chat_template), ("--reasoning-parser", args.reasoning_parser),
@@ -109,7 +110,21 @@ def server_command(args: argparse.Namespace) -> list[str]:
     argv = ["vllm", "serve", str(args.model), "--enable-auto-tool-choice",
             *[part for flag, value in flags if value is not None for part in (flag, str(value))],
             *(["--trust-remote-code"] if args.trust_remote_code else []), *extra]
-    return with_our_middleware(argv)
+    return with_our_middleware(argv, settings)
+
+
+def check_settings(args: argparse.Namespace, environ: Mapping[str, str]
+                   ) -> tuple[Settings, SettingsError | None]:
+    """The settings the server would start with: ``environ`` (the check's own, as the server reads
+    its environment) and the command line the check decides for. A value the server could not use
+    is returned as the refusal (start-up stops there) and left out of the settings, so the other
+    guarantees are still checked as the server would decide them once it is fixed."""
+    try:
+        settings, refusal = Settings.from_environ(environ), None
+    except SettingsError as exc:
+        usable = {name: value for name, value in environ.items() if name not in exc.variables}
+        settings, refusal = Settings.from_environ(usable), exc
+    return settings.with_command_line(server_command(args, settings)), refusal
 
 
 def _refuse_unreadable_inputs(args: argparse.Namespace) -> None:
@@ -160,24 +175,24 @@ def run_check(args: argparse.Namespace) -> CheckReport:
     from . import check_findings as findings
     started = time.monotonic()
     _refuse_unreadable_inputs(args)
-    argv = server_command(args)
+    settings, refusal = check_settings(args, process_environment())
+    launch = settings.launch
     try:
-        served = load_served_template(argv)
+        served = load_served_template(launch)
     except CapabilityError as exc:
         raise CheckInputError("--tokenizer" if args.tokenizer else "MODEL", str(exc)) from None
-    load_parser_plugins(argv)
-    environ = dict(os.environ)
-    parser, tokenizer = args.tool_call_parser, served.tokenizer
-    mode = findings.tokenizer_mode_finding(argv)
-    placement = findings.placement_finding(argv, environ, served) if mode.verdict == "ok" else \
+    load_parser_plugins(launch)
+    tokenizer = served.tokenizer
+    mode = findings.tokenizer_mode_finding(settings)
+    placement = findings.placement_finding(settings, served) if mode.verdict == "ok" else \
         Finding("placement", "skipped", "not probed: see the tokenizer mode")
-    report = (findings.tool_parser_finding(argv, environ, tokenizer),
-              findings.reasoning_parser_finding(argv, tokenizer), mode,
-              findings.constraint_stage_finding(argv, environ), placement,
-              findings.format_limits_finding(parser),
-              findings.grammar_finding(parser, tokenizer, _vocab_size(args.model, tokenizer)),
-              findings.configuration_finding())
-    return CheckReport(command=tuple(argv), findings=report, seconds=time.monotonic() - started)
+    report = (findings.tool_parser_finding(settings, tokenizer),
+              findings.reasoning_parser_finding(settings, tokenizer), mode,
+              findings.constraint_stage_finding(settings), placement,
+              findings.format_limits_finding(launch.tool_call_parser),
+              findings.grammar_finding(settings, tokenizer, _vocab_size(args.model, tokenizer)),
+              findings.configuration_finding(settings, refusal))
+    return CheckReport(command=launch.argv, findings=report, seconds=time.monotonic() - started)
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -15,14 +15,13 @@ server that starts but does not hold everything (requests that fail, a limit of 
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import CapabilityError
-from ..vllm_glue.argv import flag_value
+from ..settings import PLAIN_CATALOG, Settings, SettingsError
 
 Verdict = Literal["ok", "warn", "refused", "skipped"]
 
@@ -77,15 +76,15 @@ def _format(parser: str | None) -> Any:
         return None
 
 
-def tool_parser_finding(argv: Sequence[str], environ: dict[str, str], tokenizer: Any) -> Finding:
+def tool_parser_finding(settings: Settings, tokenizer: Any) -> Finding:
     """vLLM knows the parser, the middleware accepts it, and vLLM can build it with this tokenizer
     (with every marker the format's parser looks up held as one token)."""
     from ..vllm_glue.capabilities import check_tool_parser
     from ..vllm_glue.vllm_validation import tool_parser_failure, tool_parser_refusal
-    parser = flag_value(argv, "--tool-call-parser") or ""
+    parser = settings.launch.tool_call_parser or ""
     refusals = [why for why in (tool_parser_refusal(parser),) if why]
     try:
-        check_tool_parser(parser, environ)
+        check_tool_parser(parser, settings)
     except CapabilityError as exc:
         refusals.append(str(exc))
     if refusals:
@@ -107,10 +106,10 @@ def tool_parser_finding(argv: Sequence[str], environ: dict[str, str], tokenizer:
                wire_format=entry.name if entry else None)
 
 
-def reasoning_parser_finding(argv: Sequence[str], tokenizer: Any) -> Finding:
+def reasoning_parser_finding(settings: Settings, tokenizer: Any) -> Finding:
     """vLLM knows the reasoning parser and can build it with this tokenizer."""
     from ..vllm_glue.vllm_validation import reasoning_parser_failure, reasoning_parser_refusal
-    parser = flag_value(argv, "--reasoning-parser")
+    parser = settings.launch.reasoning_parser
     if not parser:
         return _ok("reasoning_parser", "none: grammars apply from the first output token")
     refusal = reasoning_parser_refusal(parser)
@@ -124,35 +123,36 @@ def reasoning_parser_finding(argv: Sequence[str], tokenizer: Any) -> Finding:
                "ends, on both stages", parser=parser)
 
 
-def tokenizer_mode_finding(argv: Sequence[str]) -> Finding:
+def tokenizer_mode_finding(settings: Settings) -> Finding:
     """vLLM knows the mode, and its prompts are rendered by a chat template the probe can read."""
     from ..vllm_glue.served_template import check_tokenizer_mode
     from ..vllm_glue.vllm_validation import tokenizer_mode_refusal
-    mode = flag_value(argv, "--tokenizer-mode") or "auto"
+    mode = settings.launch.tokenizer_mode or "auto"
     refusal = tokenizer_mode_refusal(mode)
     if refusal is not None:
         return _refused("tokenizer_mode", refusal, mode=mode)
     try:
-        check_tokenizer_mode(argv)
+        check_tokenizer_mode(settings.launch)
     except CapabilityError as exc:
         return _refused("tokenizer_mode", str(exc), mode=mode)
     return _ok("tokenizer_mode", f"{mode}: vLLM has a tokenizer for it", mode=mode)
 
 
-def constraint_stage_finding(argv: Sequence[str], environ: dict[str, str]) -> Finding:
+def constraint_stage_finding(settings: Settings) -> Finding:
     """vLLM accepts the backend, and a constraint stage can apply the grammar on this device."""
-    from ..vllm_glue.capabilities import serving_capabilities, structured_output_backend
+    from ..vllm_glue.capabilities import serving_capabilities
     from ..vllm_glue.vllm_validation import backend_refusal
-    backend = structured_output_backend(argv)
+    backend = settings.launch.structured_outputs_backend
     refusal = backend_refusal(backend)
     if refusal is not None:
         return _refused("constraint_stage", refusal, backend=backend)
     try:
-        capabilities = serving_capabilities(argv, environ)
+        capabilities = serving_capabilities(settings)
     except CapabilityError as exc:
         return _refused("constraint_stage", str(exc), backend=backend)
-    device = environ.get("VLLM_TARGET_DEVICE", "").strip()
-    where = f"VLLM_TARGET_DEVICE={device}" if device else "the device vLLM detects here"
+    device = settings.target_device
+    where = f"{Settings.variable('target_device')}={device}" if device else \
+        "the device vLLM detects here"
     native_json = capabilities.json_schema_backend
     also = f"; JSON-schema grammars {native_json} compiles exactly stay on it" if native_json else ""
     return _ok("constraint_stage", f"the {capabilities.constraint_stage} stage applies the "
@@ -160,18 +160,18 @@ def constraint_stage_finding(argv: Sequence[str], environ: dict[str, str]) -> Fi
                stage=capabilities.constraint_stage, backend=backend, json_schema_backend=native_json)
 
 
-def placement_finding(argv: Sequence[str], environ: dict[str, str], served: Any) -> Finding:
+def placement_finding(settings: Settings, served: Any) -> Finding:
     """The probe finds where the per-turn policy enters the served prompt after a stable prefix;
     a warning where a new user turn moves part of that prefix (reuse then holds within an agent
     loop only), and the reasoning a user turn drops said in the verdict's reason."""
     from ..request.placement import FILTER_CATALOG
-    from ..vllm_glue.served_template import PLACEMENT_ENV, choose_placement
+    from ..vllm_glue.served_template import choose_placement
     try:
-        choice = choose_placement(argv, environ, load=lambda _argv: served)
+        choice = choose_placement(settings, load=lambda _launch: served)
     except CapabilityError as exc:
         return _refused("placement", str(exc))
     if choice.placement == FILTER_CATALOG:
-        how = "as the operator asks" if environ.get(PLACEMENT_ENV, "").strip() == FILTER_CATALOG \
+        how = "as the operator asks" if settings.placement == FILTER_CATALOG \
             else "the fallback: no placement fits the template"
         return _warn("placement", f"filter-catalog ({how}): the model sees only the allowed tools, so "
                      "prompt-cache reuse breaks whenever the allowed subset changes",
@@ -218,7 +218,7 @@ SAMPLE_CATALOG: tuple[tuple[str, dict[str, Any], bool | None], ...] = (
 )
 
 
-def grammar_finding(parser: str | None, tokenizer: Any, vocab_size: int) -> Finding:
+def grammar_finding(settings: Settings, tokenizer: Any, vocab_size: int) -> Finding:
     """The format's allowed-subset grammar for the sample catalog, both modes, built and compiled
     by xgrammar against this tokenizer as a constrained request's grammar is."""
     import xgrammar as xgr
@@ -226,6 +226,7 @@ def grammar_finding(parser: str | None, tokenizer: Any, vocab_size: int) -> Find
     from ..decode.grammar import AllowedFunction, build_structural_tag, built
     from ..decode.masks import CompiledGrammars
     from ..decode.stage import GrammarText
+    parser = settings.launch.tool_call_parser
     entry = _format(parser)
     if entry is None:
         return _skipped("grammar", f"no wire format is registered for {parser}")
@@ -235,7 +236,7 @@ def grammar_finding(parser: str | None, tokenizer: Any, vocab_size: int) -> Find
         grammars = CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
         for mode in ("required", "auto"):
             tag = build_structural_tag(entry.name, allowed, mode, parallel_tool_calls=True,
-                                       max_whitespace=_max_whitespace())
+                                       max_whitespace=settings.whitespace_limit)
             if tag is not None:
                 text = built(tag)
                 grammars.get(GrammarText(tag_json=text.json, digest=text.digest))
@@ -251,37 +252,22 @@ def grammar_finding(parser: str | None, tokenizer: Any, vocab_size: int) -> Find
                seconds=round(seconds, 3))
 
 
-def _max_whitespace() -> int | None:
-    from ..vllm_glue.turn_grammar import max_json_whitespace
-    try:
-        return max_json_whitespace()
-    except CapabilityError:
-        return None   # reported by configuration_finding
-
-
-def configuration_finding() -> Finding:
-    """The plugin's switches the server reads from its environment at start-up (the plain-decoding
-    mode, the approval policy file) and per request (the JSON whitespace cap)."""
+def configuration_finding(settings: Settings, refusal: SettingsError | None = None) -> Finding:
+    """The plugin's settings the server parses at start-up (every variable: a value it cannot use
+    stops ``register()`` and the middleware, ``refusal``) and the approval policy file it loads."""
     from ..approvals import ENV_POLICY, PolicyFileError, load_policy
-    from ..vllm_glue.middleware import plain_decoding
-    from ..vllm_glue.turn_grammar import max_json_whitespace
-    try:
-        plain = plain_decoding()
-    except CapabilityError as exc:
-        return _refused("configuration", str(exc))
-    policy = os.environ.get(ENV_POLICY, "").strip()
-    if policy:
+    if refusal is not None:
+        return _refused("configuration", str(refusal), variables=list(refusal.variables))
+    policy = settings.approval_policy
+    if policy is not None:
         try:
             load_policy(policy)
         except PolicyFileError as exc:
             return _refused("configuration", f"{ENV_POLICY}: {exc}")
     approvals = f"approvals on ({policy}; its grant store is opened at start-up, not by this " \
         "check)" if policy else "approvals off"
-    try:
-        max_json_whitespace()
-    except CapabilityError as exc:
-        return _warn("configuration", f"the server starts, but every constrained request fails: {exc}")
-    decoding = "can call only the request's own tools" if plain == "catalog" else \
-        "decode as vLLM decodes them (the output guard still refuses names outside the catalog)"
+    decoding = "can call only the request's own tools" if settings.plain_decoding == PLAIN_CATALOG \
+        else "decode as vLLM decodes them (the output guard still refuses names outside the catalog)"
     return _ok("configuration", f"plain auto turns {decoding}; {approvals}",
-               plain_decoding=plain, approval_policy=policy or None)
+               plain_decoding=settings.plain_decoding,
+               approval_policy=str(policy) if policy is not None else None)

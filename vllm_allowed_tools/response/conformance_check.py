@@ -10,11 +10,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..settings import Settings
 from .conformance import TERMINAL_TYPES, check_event, check_response
 
 #: a file path: every outgoing Responses object and event is validated after all rewriting, one
 #: JSON line each (``problems`` empty when it conforms) appended to that file
-CHECK_LOG_ENV = "VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG"
+CHECK_LOG_ENV = Settings.variable("conformance_log")
 
 
 class CheckLog:
@@ -26,9 +27,10 @@ class CheckLog:
         self.path = path
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> CheckLog | None:
-        path = (os.environ if environ is None else environ).get(CHECK_LOG_ENV)
-        return cls(path) if path else None
+    def from_settings(cls, settings: Settings) -> CheckLog | None:
+        """The check log the settings name (:data:`CHECK_LOG_ENV`); None: check mode is off."""
+        path = settings.conformance_log
+        return cls(str(path)) if path is not None else None
 
     def record(self, kind: str, name: Any, problems: list[str]) -> None:
         line = json.dumps({"kind": kind, "type": name, "problems": problems, "pid": os.getpid()})

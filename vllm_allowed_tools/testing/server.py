@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from ..formats import wire_format, wire_formats
+from ..settings import Settings, process_environment
 from ..templates import template_path
 
 DEFAULT_PARSER = "allowed_hermes"
@@ -58,8 +59,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment vLLM's CPU build needs (docs/install.md, "The CPU build's fixes")."""
-    env = dict(os.environ if base is None else base)
+    """The environment vLLM's CPU build needs (docs/install.md, "The CPU build's fixes"), over
+    ``base`` (default: this process's)."""
+    ours = process_environment()
+    env = dict(ours if base is None else base)
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -72,9 +75,9 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", "1")
     # the test session's Open Responses check mode (tests/conftest.py) reaches every server it
     # starts, also one started with an environment of its own
-    check_log = os.environ.get("VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG")
-    if check_log:
-        env.setdefault("VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG", check_log)
+    check_log = Settings.from_environ(ours).conformance_log
+    if check_log is not None:
+        env.setdefault(Settings.variable("conformance_log"), str(check_log))
     return env
 
 
@@ -262,16 +265,18 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
 
 #: a JSON-lines file each started server is recorded in (the test session's start ledger:
 #: tests/conftest.py prints what the starts cost, by test group)
-SERVER_LEDGER_ENV = "VLLM_ALLOWED_TOOLS_SERVER_LEDGER"
+SERVER_LEDGER_ENV = Settings.variable("server_ledger")
 
 
 def _record_start(model_dir: Path, parser: str, extra_args: Sequence[str], vanilla: bool,
                   one_flag: bool, seconds: float) -> None:
-    ledger = os.environ.get(SERVER_LEDGER_ENV)
-    if not ledger:
+    # read now, not from the process's settings: the ledger and the test change during a session
+    settings = Settings.from_environ(process_environment())
+    ledger = settings.server_ledger
+    if ledger is None:
         return
     import json
-    record = {"test": os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0],
+    record = {"test": (settings.pytest_current_test or "").split(" ")[0],
               "model": Path(model_dir).name, "parser": parser, "vanilla": vanilla,
               "one_flag": one_flag, "args": list(extra_args), "seconds": round(seconds, 1)}
     with contextlib.suppress(OSError), open(ledger, "a", encoding="utf-8") as handle:
@@ -368,7 +373,7 @@ def start_serve_tiny(flavour: str = "random", *, options: Sequence[str] = (),
         log_path = Path(tempfile.mkstemp(prefix=f"vllm-{flavour}-", suffix=".log")[1])
     process = subprocess.Popen(serve_tiny_command(flavour, free_port(), log_path, options, extra_args),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               text=True, env={**os.environ, **(env or {})})
+                               text=True, env={**process_environment(), **(env or {})})
     output = _OutputLines(process.stdout)
     try:
         url = output.wait_for("http", time.monotonic() + timeout)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..devtools.render import load_template, render_chat
+from ..settings import current
 from . import transcripts
 from .tool_pool import POOL, sample_catalog
 from .transcripts import USER_ASKS, assistant_spans, render_training_text
@@ -52,7 +53,7 @@ _PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
                       r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 VOCAB_SIZE = 2048
 MARKER_FILE = "vllm_allowed_tools_model.json"
-TRAIN_STEPS = int(os.environ.get("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "700"))
+TRAIN_STEPS = current().train_steps
 
 class TinyModelError(RuntimeError):
     """A tiny-model folder is missing, incomplete or not ours; the message says how to fix it."""
@@ -285,8 +286,8 @@ def validate_model_dir(path: Path) -> dict[str, Any]:
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("VLLM_ALLOWED_TOOLS_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "vllm-allowed-tools")
+    root = current().cache or os.path.join(
+        current().xdg_cache_home or os.path.expanduser("~/.cache"), "vllm-allowed-tools")
     return Path(root) / "models"
 
 

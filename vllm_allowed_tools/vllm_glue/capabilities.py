@@ -1,8 +1,9 @@
 """Refuse, at start-up, server configurations that could not enforce an allowlist.
 
 The middleware is built when vLLM builds its app, in every API server process, with no arguments;
-the server's own command line (``sys.argv``, which multiprocessing hands to spawned API servers too)
-is what tells us the parser and the structured-output backend. A configuration that cannot enforce
+the server's own command line (:class:`~vllm_allowed_tools.launch.LaunchArgs`, read once from
+``sys.argv``, which multiprocessing hands to spawned API servers too) is what tells us the parser
+and the structured-output backend. A configuration that cannot enforce
 the subset fails with a :class:`~vllm_allowed_tools.errors.CapabilityError` naming what is missing
 and how to fix it, instead of serving requests whose allowlist would be silently ignored.
 """
@@ -11,15 +12,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..decode.stage import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, choose_stage, requested_stage
+from ..decode.stage import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, choose_stage
 from ..errors import CapabilityError
-from .argv import flag_value, is_server_command
-from .plugin import parser_names, vouched_parsers
+from ..settings import Settings, current
+from .plugin import parser_names
 
 
 @dataclass(frozen=True)
@@ -54,18 +52,6 @@ _OUTLINES_TYPE_GROUPS = {
     "object": (frozenset({"additionalProperties"}),),
     "integer": (), "number": (), "boolean": (), "null": ()}
 _OUTLINES_FORMATS = frozenset({"date", "date-time", "time", "uuid", "email", "uri"})
-
-
-def structured_output_backend(argv: Sequence[str]) -> str:
-    backend = flag_value(argv, "--structured-outputs-config.backend")
-    if backend is None:
-        blob = flag_value(argv, "--structured-outputs-config", "-sc")
-        if blob:
-            try:
-                backend = json.loads(blob).get("backend")
-            except (ValueError, AttributeError):
-                backend = None
-    return backend or "auto"
 
 
 def backend_compiles_json_schema(backend: str | None, schema: object) -> bool:
@@ -136,21 +122,20 @@ def _outlines_typed_children(schema: dict, keys: set[str]) -> list | None:
     return [child for child in (schema.get("items"), extra) if isinstance(child, dict)]
 
 
-def _logits_processor_blocked(argv: Sequence[str], environ: dict[str, str], on_cpu: bool) -> str | None:
+def _logits_processor_blocked(settings: Settings, on_cpu: bool) -> str | None:
     """Why vLLM would not run our logits processor here (None: it would): speculative decoding
     (vLLM drops entry-point processors there) and Model Runner V2 (it takes another interface)."""
-    if flag_value(argv, "--speculative-config", "--speculative_config") is not None:
+    if settings.launch.speculative_decoding:
         return "vLLM does not run logits processors with speculative decoding (--speculative-config)"
-    if not on_cpu and environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() not in ("0", "false"):
+    if not on_cpu and settings.use_v2_model_runner is not False:
         return ("it runs on vLLM's V1 model runner only, and Model Runner V2 may be chosen on this "
                 "device (set VLLM_USE_V2_MODEL_RUNNER=0)")
     return None
 
 
-def _on_cpu(environ: dict[str, str]) -> bool:
-    device = environ.get("VLLM_TARGET_DEVICE", "").strip().lower()
-    if device:
-        return device == "cpu"
+def _on_cpu(settings: Settings) -> bool:
+    if settings.target_device is not None:
+        return settings.target_device == "cpu"
     try:
         from vllm.platforms import current_platform
         return bool(current_platform.is_cpu())
@@ -169,7 +154,7 @@ def activate(capabilities: ServerCapabilities) -> None:
     # under vLLM's own logger, so the line shows with vLLM's start-up messages
     logging.getLogger("vllm.allowed_tools").info(
         "vllm-allowed-tools: middleware active for --tool-call-parser %s; allowed-tools grammars are "
-        "applied by the %s stage%s", flag_value(sys.argv, "--tool-call-parser"), capabilities.constraint_stage,
+        "applied by the %s stage%s", current().launch.tool_call_parser, capabilities.constraint_stage,
         f" (JSON-schema grammars: the {capabilities.json_schema_backend} backend)"
         if capabilities.json_schema_backend else "")
 
@@ -179,7 +164,7 @@ def _active() -> ServerCapabilities:
     where no middleware was built)."""
     global _ACTIVE
     if _ACTIVE is None:
-        _ACTIVE = check_server_args(sys.argv)
+        _ACTIVE = check_server_args(current())
     return _ACTIVE
 
 
@@ -195,43 +180,44 @@ def json_schema_stays_native(schema: object) -> bool:
     return backend_compiles_json_schema(_active().json_schema_backend, schema)
 
 
-def check_server_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> ServerCapabilities:
-    """Raise CapabilityError when this server could not enforce allowed_tools (or keep its prompt
-    prefix stable, unless the explicit fallback is on); otherwise say what it can do."""
-    environ = dict(os.environ if environ is None else environ)
-    if not is_server_command(argv):
+def check_server_args(settings: Settings) -> ServerCapabilities:
+    """Raise CapabilityError when this server (its command line and environment, ``settings``)
+    could not enforce allowed_tools; otherwise say what it can do."""
+    if not settings.launch.is_server:
         # not a server command line (e.g. the middleware built inside a test app)
         return ServerCapabilities(constraint_stage=STAGE_NATIVE)
-    check_tool_parser(flag_value(argv, "--tool-call-parser"), environ)
-    return serving_capabilities(argv, environ)
+    check_tool_parser(settings.launch.tool_call_parser, settings)
+    return serving_capabilities(settings)
 
 
-def check_tool_parser(parser: str | None, environ: dict[str, str]) -> None:
+def check_tool_parser(parser: str | None, settings: Settings) -> None:
     """Raise CapabilityError unless ``parser`` is one of our wrappers or one the operator vouches
-    for (``VLLM_ALLOWED_TOOLS_EXTRA_PARSERS``); no parser (None) is not refused here."""
-    vouched = vouched_parsers(environ)
+    for (``settings.extra_parsers``, ``VLLM_ALLOWED_TOOLS_EXTRA_PARSERS``); no parser (None) is
+    not refused here."""
     ours = parser_names()
-    if parser is not None and parser not in ours and parser not in vouched:
+    if parser is not None and parser not in ours and parser not in settings.extra_parsers:
         raise CapabilityError(
             f"--tool-call-parser {parser} cannot enforce allowed_tools: use one of our wrappers "
             f"({', '.join(sorted(ours))}), e.g. --tool-call-parser allowed_{parser} if it exists",
             capability="tool_parser", status=500)
 
 
-def serving_capabilities(argv: Sequence[str], environ: dict[str, str]) -> ServerCapabilities:
-    """The constraint stage this server command line gets (backend, device, constraint switch,
-    strict tool calling); raises CapabilityError where none could enforce the allowlist."""
-    backend = structured_output_backend(argv)
-    on_cpu = _on_cpu(environ)
-    requested = requested_stage(environ)
+def serving_capabilities(settings: Settings) -> ServerCapabilities:
+    """The constraint stage this server's command line and environment (``settings``) get
+    (backend, device, constraint switch, strict tool calling); raises CapabilityError where none
+    could enforce the allowlist."""
+    backend = settings.launch.structured_outputs_backend
+    on_cpu = _on_cpu(settings)
+    requested = settings.constraint
     compiles_tags = backend not in BACKENDS_WITHOUT_STRUCTURAL_TAGS
     stage = choose_stage(requested, backend=backend, backend_compiles_tags=compiles_tags,
                          on_cpu=on_cpu,
-                         logits_processor_blocked=_logits_processor_blocked(argv, environ, on_cpu))
-    if environ.get("VLLM_ENFORCE_STRICT_TOOL_CALLING", "1").strip().lower() in ("0", "false"):
+                         logits_processor_blocked=_logits_processor_blocked(settings, on_cpu))
+    if not settings.enforce_strict_tool_calling:
         raise CapabilityError(
-            "VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns structural tags off, so allowed_tools could "
-            "not be enforced; unset it", capability="structural_tag", status=500)
+            "VLLM_ENFORCE_STRICT_TOOL_CALLING other than true or 1 turns vLLM's structural tags off, "
+            "so allowed_tools could not be enforced; unset it", capability="structural_tag",
+            status=500)
     # the operator forcing the processor keeps every grammar there; a backend that only lacks
     # structural tags still compiles JSON schemas it supports
     stands_in = stage == STAGE_LOGITS_PROCESSOR and requested == STAGE_AUTO and not compiles_tags

@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .argv import flag_value, model_arg
+from ..launch import LaunchArgs
 
 #: where the harmony path is chosen in vLLM (``hf_config.model_type``)
 HARMONY_MODEL_TYPE = "gpt_oss"
 
 
-def serves_harmony(argv) -> bool:
+def serves_harmony(launch: LaunchArgs) -> bool:
     """Whether the server's model is one vLLM serves on its harmony path (read from the local
     model folder's config.json; a hub id is resolved by transformers)."""
-    source = model_arg(argv)
+    source = launch.model
     if source is None:
         return False
     config = Path(source) / "config.json"
@@ -35,8 +35,8 @@ def serves_harmony(argv) -> bool:
     try:
         from transformers import AutoConfig
         return AutoConfig.from_pretrained(
-            source, revision=flag_value(argv, "--revision"),
-            trust_remote_code="--trust-remote-code" in argv).model_type == HARMONY_MODEL_TYPE
+            source, revision=launch.revision,
+            trust_remote_code=launch.trust_remote_code).model_type == HARMONY_MODEL_TYPE
     except Exception:   # unreadable config: vLLM fails on it too; the template probe reports it
         return False
 

@@ -13,26 +13,17 @@ selects one of our parsers gets ``--middleware`` for our middleware added there 
 from __future__ import annotations
 
 import logging
-import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from ..formats import wire_formats
-from .argv import flag_value, flag_values, is_server_command
+from ..launch import LaunchArgs
+from ..settings import Settings, current, replace_server_command
 
 logger = logging.getLogger(__name__)
 
 PARSERS_MODULE = "vllm_allowed_tools.vllm_glue.parsers"
 MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
-#: parser names (comma-separated) the operator vouches for: their own subclasses of our
-#: ``AllowedToolsMixin`` wrappers, loaded with ``--tool-parser-plugin``
-EXTRA_PARSERS_ENV = "VLLM_ALLOWED_TOOLS_EXTRA_PARSERS"
-
-
-def vouched_parsers(environ: dict[str, str] | None = None) -> set[str]:
-    value = (os.environ if environ is None else environ).get(EXTRA_PARSERS_ENV, "")
-    return {name.strip() for name in value.split(",") if name.strip()}
 
 
 def parser_names() -> list[str]:
@@ -40,14 +31,15 @@ def parser_names() -> list[str]:
     return [entry.parser_name for entry in wire_formats()]
 
 
-def with_our_middleware(argv: Sequence[str], environ: dict[str, str] | None = None) -> list[str]:
+def with_our_middleware(argv: Sequence[str], settings: Settings) -> list[str]:
     """``argv`` plus ``--middleware`` for ours when it is a server command that selects one of our
-    parsers (or a vouched one) and does not name our middleware already."""
+    parsers (or one ``settings.extra_parsers`` vouches for) and does not name our middleware."""
     argv = list(argv)
-    parser = flag_value(argv, "--tool-call-parser")
-    if not is_server_command(argv) or parser is None or MIDDLEWARE in flag_values(argv, "--middleware"):
+    launch = LaunchArgs.from_argv(argv)
+    parser = launch.tool_call_parser
+    if not launch.is_server or parser is None or MIDDLEWARE in launch.middleware:
         return argv
-    if parser not in parser_names() and parser not in vouched_parsers(environ):
+    if parser not in parser_names() and parser not in settings.extra_parsers:
         return argv
     return [*argv, "--middleware", MIDDLEWARE]
 
@@ -87,11 +79,14 @@ def register_parsers() -> list[str]:
 
 
 def register() -> None:
-    """vLLM's plugin hook: :func:`register_parsers`, then our middleware added to a server command
-    line that selects one of our parsers (:func:`with_our_middleware`)."""
+    """vLLM's plugin hook: parses the settings first (a variable with a value the plugin cannot use
+    stops every vLLM process here, with the message naming it), then :func:`register_parsers`, then
+    our middleware added to a server command line that selects one of our parsers
+    (:func:`with_our_middleware`)."""
+    settings = current()
     register_parsers()
-    argv = with_our_middleware(sys.argv)
-    if argv != sys.argv:
+    argv = with_our_middleware(settings.launch.argv, settings)
+    if argv != list(settings.launch.argv):
         # read by vLLM's parse_args() after the plugins are loaded (vLLM's logging is not set up
         # yet here: the middleware says it is active when it is built)
-        sys.argv[:] = argv
+        replace_server_command(argv)

@@ -14,26 +14,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CapabilityError
-from ..request.placement import FILTER_CATALOG, PLACEMENTS, PROBE_ORDER
+from ..launch import LaunchArgs
+from ..request.placement import FILTER_CATALOG, PROBE_ORDER
 from ..request.template_probe import PROBE_TOOLS, ProbeResult, probe_template
-from .argv import flag_value as _flag
-from .argv import is_server_command
-from .argv import model_arg as _model
+from ..settings import Settings
 from .harmony_prompt import HarmonyPrompt, serves_harmony
 
 logger = logging.getLogger("vllm.allowed_tools")
 
-#: ``auto`` (probe the served template) or a placement to use (``filter-catalog`` included)
-PLACEMENT_ENV = "VLLM_ALLOWED_TOOLS_PLACEMENT"
 #: opt-in fallback where no placement passes the probe: ``filter-catalog``
-FALLBACK_ENV = "VLLM_ALLOWED_TOOLS_FALLBACK"
+FALLBACK_ENV = Settings.variable("fallback")
 
 Render = Callable[[list, list, dict], str]
 
@@ -93,8 +89,8 @@ class PlacementChoice:
         return cache[key]
 
 
-def _template_text(argv: Sequence[str]) -> tuple[str | None, str | None]:
-    value = _flag(argv, "--chat-template")
+def _template_text(launch: LaunchArgs) -> tuple[str | None, str | None]:
+    value = launch.chat_template
     if value is None:
         return None, None
     path = Path(value)
@@ -103,56 +99,42 @@ def _template_text(argv: Sequence[str]) -> tuple[str | None, str | None]:
     return value, "the --chat-template literal"
 
 
-def load_served_template(argv: Sequence[str]) -> ServedTemplate:
+def load_served_template(launch: LaunchArgs) -> ServedTemplate:
     """The served tokenizer and template; raises CapabilityError saying what could not be read."""
-    source = _flag(argv, "--tokenizer") or _model(argv)
+    source = launch.tokenizer or launch.model
     if source is None:
         raise CapabilityError("cannot tell which model this server serves (no model argument)",
                               capability="chat_template", status=500)
     try:
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(
-            source, revision=_flag(argv, "--tokenizer-revision"),
-            trust_remote_code="--trust-remote-code" in argv)
+            source, revision=launch.tokenizer_revision, trust_remote_code=launch.trust_remote_code)
     except Exception as exc:
         raise CapabilityError(f"could not load the tokenizer of {source!r} to probe its chat "
                               f"template ({type(exc).__name__}: {exc})", capability="chat_template",
                               status=500) from exc
-    text, origin = _template_text(argv)
+    text, origin = _template_text(launch)
     return ServedTemplate(origin=origin or f"{source}'s own chat template", text=text,
                           tokenizer=tokenizer)
 
 
-def _requested(environ: Mapping[str, str]) -> str:
-    value = environ.get(PLACEMENT_ENV, "auto").strip().lower() or "auto"
-    if value != "auto" and value not in PLACEMENTS:
-        raise CapabilityError(f"{PLACEMENT_ENV}={value!r} is not a placement; set one of auto, "
-                              f"{', '.join(PLACEMENTS)}", capability="config", status=500)
-    fallback = environ.get(FALLBACK_ENV, "").strip()
-    if fallback and fallback != FILTER_CATALOG:
-        raise CapabilityError(f"{FALLBACK_ENV}={fallback!r} is not a known fallback; the only one is "
-                              f"{FILTER_CATALOG!r}", capability="config", status=500)
-    return value
-
-
-def choose_placement(argv: Sequence[str], environ: Mapping[str, str] | None = None,
-                     load: Callable[[Sequence[str]], ServedTemplate] = load_served_template
+def choose_placement(settings: Settings,
+                     load: Callable[[LaunchArgs], ServedTemplate] = load_served_template
                      ) -> PlacementChoice:
     """The placement for this server's template (see the module docstring); logs the choice."""
-    environ = os.environ if environ is None else environ
-    requested = _requested(environ)
+    requested, launch = settings.placement, settings.launch
     if requested == FILTER_CATALOG:
         return _chosen(PlacementChoice(FILTER_CATALOG, "the operator's choice"), "forced")
-    if not is_server_command(argv):
+    if not launch.is_server:
         # not a server command line (a test app): our templates' variable, nothing to probe
         return PlacementChoice(PROBE_ORDER[0], "no served template")
-    check_tokenizer_mode(argv)
-    served = HarmonyPrompt() if serves_harmony(argv) else load(argv)
+    check_tokenizer_mode(launch)
+    served = HarmonyPrompt() if serves_harmony(launch) else load(launch)
     order = PROBE_ORDER if requested == "auto" else (requested,)
     result = probe_template(served.render, served.tokenize, order)
     if result.placement is not None:
         return _chosen(PlacementChoice(result.placement, served.origin, served, result), "probed")
-    if environ.get(FALLBACK_ENV, "").strip() == FILTER_CATALOG:
+    if settings.fallback == FILTER_CATALOG:
         logger.warning("vllm-allowed-tools: no policy placement fits %s (%s); filtering the "
                        "catalog instead, as %s asks", served.origin, result.explain(), FALLBACK_ENV)
         return PlacementChoice(FILTER_CATALOG, served.origin, served)
@@ -166,9 +148,9 @@ def choose_placement(argv: Sequence[str], environ: Mapping[str, str] | None = No
         capability="chat_template", status=500)
 
 
-def check_tokenizer_mode(argv: Sequence[str]) -> None:
+def check_tokenizer_mode(launch: LaunchArgs) -> None:
     """Raise CapabilityError for a tokenizer mode whose prompts no chat template renders."""
-    if _flag(argv, "--tokenizer-mode") == "mistral":
+    if launch.tokenizer_mode == "mistral":
         raise CapabilityError(
             "--tokenizer-mode mistral renders prompts with mistral-common, which takes no chat "
             "template, so the per-turn allowed-tools policy cannot be placed (and vLLM refuses "

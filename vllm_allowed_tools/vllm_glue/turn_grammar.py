@@ -8,19 +8,15 @@ has none, and the move of a grammar from vLLM's structured outputs to the logits
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
 from ..decode.split import split_for_request
 from ..decode.stage import XARGS_DIGEST, XARGS_TAG
-from ..errors import CapabilityError
 from ..request.custom_tools import input_grammar
 from ..request.rewrite import WireAllowlist
+from ..settings import current
 from .capabilities import json_schema_stays_native
-
-#: operator knob: the most whitespace characters allowed between JSON tokens in argument grammars
-MAX_WHITESPACE_ENV = "VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE"
 
 
 def tool_name(tool: Any) -> str | None:
@@ -72,7 +68,7 @@ def plain_request_tag(wire_format: str, request, strict_level):
     if not functions:
         return None
     return build_structural_tag(wire_format, functions, mode, parallel_tool_calls=parallel,
-                                strict_level=int(strict_level), max_whitespace=max_json_whitespace())
+                                strict_level=int(strict_level), max_whitespace=current().whitespace_limit)
 
 
 def request_subset_tag(wire_format: str, request, allowlist: WireAllowlist, strict_level) -> BuiltTag | None:
@@ -81,7 +77,7 @@ def request_subset_tag(wire_format: str, request, allowlist: WireAllowlist, stri
                     catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
                     mode=allowlist.mode,  # type: ignore[arg-type]
                     parallel_tool_calls=allowlist.parallel_tool_calls, strict_level=int(strict_level),
-                    max_whitespace=max_json_whitespace())
+                    max_whitespace=current().whitespace_limit)
 
 
 def hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireAllowlist) -> None:
@@ -107,20 +103,8 @@ def hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireA
         catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
         mode=allowlist.mode,  # type: ignore[arg-type]
         parallel_tool_calls=allowlist.parallel_tool_calls,
-        max_whitespace=max_json_whitespace()) if outputs.structural_tag else None
+        max_whitespace=current().whitespace_limit) if outputs.structural_tag else None
     request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json,
                           XARGS_DIGEST: tag_digest(tag_json),
                           **(split.extra_args() if split is not None else {})}
     request.structured_outputs = None
-
-
-def max_json_whitespace() -> int | None:
-    value = os.environ.get(MAX_WHITESPACE_ENV, "").strip()
-    if not value:
-        return None
-    try:
-        return max(1, int(value))   # xgrammar needs at least 1
-    except ValueError:
-        raise CapabilityError(f"{MAX_WHITESPACE_ENV}={value!r} is not an integer; set a whole number "
-                              "of whitespace characters or unset it", capability="config",
-                              status=500) from None

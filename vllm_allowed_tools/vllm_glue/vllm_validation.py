@@ -15,20 +15,20 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
-from .argv import flag_value
+from ..launch import LaunchArgs
 from .plugin import register_parsers
 
 
-def load_parser_plugins(argv: Sequence[str]) -> None:
+def load_parser_plugins(launch: LaunchArgs) -> None:
     """Register our parsers and import the operator's parser plugins, as ``vllm serve`` does
     before it validates the parser names (``--tool-parser-plugin``, ``--reasoning-parser-plugin``)."""
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
     register_parsers()
-    tool_plugin = flag_value(argv, "--tool-parser-plugin")
+    tool_plugin = launch.tool_parser_plugin
     if tool_plugin and len(tool_plugin) > 3:
         ToolParserManager.import_tool_parser(tool_plugin)
-    reasoning_plugin = flag_value(argv, "--reasoning-parser-plugin")
+    reasoning_plugin = launch.reasoning_parser_plugin
     if reasoning_plugin and len(reasoning_plugin) > 3:
         ReasoningParserManager.import_reasoning_parser(reasoning_plugin)
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 
+from ...settings import current
 from .postgres import PostgresGrantStore
 from .records import TERMINAL_STATUSES, ConsumeResult, ElicitationRecord, Grant, GrantStore
-from .sql import DEFAULT_STORE_TIMEOUT_S, ENV_STORE_TIMEOUT, SQLStore, store_timeout_from_env
+from .sql import DEFAULT_STORE_TIMEOUT_S, ENV_STORE_TIMEOUT, SQLStore
 from .sqlite import SQLiteGrantStore
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "PostgresGrantStore",
     "SQLiteGrantStore",
     "open_store",
-    "store_timeout_from_env",
 ]
 
 
@@ -34,12 +34,13 @@ def open_store(target: str | os.PathLike[str] | GrantStore, *,
                timeout_s: float | None = None) -> GrantStore:
     """A store from a target: a store object as is; ``postgresql://...`` / ``postgres://...``
     -> :class:`PostgresGrantStore`; ``sqlite:///abs/path``, ``sqlite:rel/path`` or a plain path
-    -> :class:`SQLiteGrantStore`. ``timeout_s``: see :data:`ENV_STORE_TIMEOUT` (default from it)."""
+    -> :class:`SQLiteGrantStore`. ``timeout_s``: see :data:`ENV_STORE_TIMEOUT` (default: the
+    process's settings, :func:`...settings.current`)."""
     if isinstance(target, SQLStore) or (not isinstance(target, (str, os.PathLike))
                                          and isinstance(target, GrantStore)):
         return target  # type: ignore[return-value]
     text = os.fspath(target)
-    timeout = store_timeout_from_env() if timeout_s is None else timeout_s
+    timeout = current().grant_store_timeout_s if timeout_s is None else timeout_s
     if text.startswith(("postgresql://", "postgres://")):
         return PostgresGrantStore(text, timeout_s=timeout)
     if text.startswith("sqlite://"):

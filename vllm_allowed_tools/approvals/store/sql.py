@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from ...request import ToolIdentity
+from ...settings import Settings
 from .records import TERMINAL_STATUSES, ConsumeResult, ElicitationRecord, Grant
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "SCHEMA_VERSION",
     "SQLStore",
     "read_principal_secret",
-    "store_timeout_from_env",
 ]
 
 #: 2: the ``store_secrets`` table (the principal secret). An older server opening a version-2 file
@@ -34,25 +34,9 @@ __all__ = [
 SCHEMA_VERSION = 2
 
 #: Environment variable: seconds a store operation may wait (SQLite busy timeout, PostgreSQL
-#: connect and lock timeouts) before the store counts as unavailable.
-ENV_STORE_TIMEOUT = "VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT"
-DEFAULT_STORE_TIMEOUT_S = 5.0
-
-
-def store_timeout_from_env(environ: Any = None) -> float:
-    """The store timeout from ``VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT`` (a positive number of
-    seconds), else :data:`DEFAULT_STORE_TIMEOUT_S`."""
-    raw = (os.environ if environ is None else environ).get(ENV_STORE_TIMEOUT)
-    if raw in (None, ""):
-        return DEFAULT_STORE_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float("inf"):   # also refuses NaN
-        raise ValueError(f"{ENV_STORE_TIMEOUT}={raw!r}: give a positive number of seconds "
-                         f"(default {DEFAULT_STORE_TIMEOUT_S:g})")
-    return value
+#: connect and lock timeouts) before the store counts as unavailable (:mod:`...settings`).
+ENV_STORE_TIMEOUT = Settings.variable("grant_store_timeout_s")
+DEFAULT_STORE_TIMEOUT_S: float = Settings.model_fields["grant_store_timeout_s"].default
 
 
 #: Portable DDL ("?" placeholders elsewhere; the PostgreSQL backend rewrites them to "%s").

@@ -10,10 +10,11 @@ middleware cannot be found, the server does not start: the order could not be gu
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
+
+from ..settings import Settings
 
 _DEFAULT_GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
 
@@ -38,14 +39,7 @@ class VllmAuthentication:
         return bool(self.middleware.verify_token(Headers(scope=scope)))
 
 
-def api_key_configured(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> bool:
-    environ = os.environ if environ is None else environ
-    flags = ("--api-key", "--api_key")
-    return bool(environ.get("VLLM_API_KEY")) or any(
-        arg in flags or arg.startswith(tuple(f + "=" for f in flags)) for arg in argv)
-
-
-def find_authentication(app: Any, argv: Sequence[str]) -> VllmAuthentication | None:
+def find_authentication(app: Any, settings: Settings) -> VllmAuthentication | None:
     """vLLM's API-key middleware under ``app`` (each middleware keeps the next in ``.app``), or None
     when none is configured. Raises RuntimeError when a key is configured but the middleware is
     not found below ours."""
@@ -54,7 +48,7 @@ def find_authentication(app: Any, argv: Sequence[str]) -> VllmAuthentication | N
         if callable(getattr(node, "verify_token", None)) and hasattr(node, "api_tokens"):
             return VllmAuthentication(node)
         node, depth = getattr(node, "app", None), depth + 1
-    if api_key_configured(argv):
+    if settings.api_key_configured:
         raise RuntimeError(
             "vllm-allowed-tools: an API key is configured (--api-key or VLLM_API_KEY) but vLLM's "
             "authentication middleware is not below AllowedToolsMiddleware, so requests could reach "

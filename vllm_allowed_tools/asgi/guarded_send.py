@@ -33,7 +33,7 @@ from ..response.contract import NAMES_ONLY, OutputContract
 from ..response.conformance import conformed_event, conformed_response
 from ..response.conformance_check import CheckLog
 
-logger = logging.getLogger("vllm_allowed_tools.vllm_glue.middleware")   # the middleware's log
+logger = logging.getLogger("vllm_allowed_tools.asgi.middleware")   # the middleware's log
 
 #: ASGI extensions that send a response body without ``http.response.body`` messages
 _BODY_ELSEWHERE = frozenset({"http.response.pathsend", "http.response.zerocopysend"})
@@ -127,7 +127,7 @@ class GuardedSend:
     def __init__(self, send: Send, api: Api, call_filter: Any, echo: dict[str, Any], stop: StopSignal,
                  spec_version: tuple[int, ...], approvals: Any = None,
                  commit: Callable[[], Any] | None = None,
-                 contract: OutputContract | None = None) -> None:
+                 contract: OutputContract | None = None, check_log: CheckLog | None = None) -> None:
         self._contract = contract if contract is not None else NAMES_ONLY
         self._approvals = approvals
         self._commit = commit
@@ -144,7 +144,7 @@ class GuardedSend:
         self._finished = False
         self._quiet = False     # what the app still sends is dropped without an error
         self._unreadable = ""   # what made a 2xx answer unreadable
-        self._check_log = CheckLog.from_env() if api == "responses" else None   # check mode
+        self._check_log = check_log if api == "responses" else None   # the check mode's log
         self._stream_check: Any = None
 
     async def __call__(self, message: Message) -> None:

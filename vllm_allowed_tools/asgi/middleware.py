@@ -1,0 +1,326 @@
+"""ASGI middleware: the request path into vLLM, and the guarded way out (:mod:`.guarded_send`).
+
+It runs before FastAPI validates anything, which Chat Completions needs (vLLM rejects the
+``allowed_tools`` shape at validation) and which lets an invalid selection fail with our 400 before
+the engine sees the request. It speaks plain ASGI and imports no vLLM, so it is the same on every
+vLLM version (``docs/response-path.md``). What vLLM loads is its subclass
+``vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware``, which makes the start-up
+decisions that need vLLM and hands them to :class:`GuardingMiddleware`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from typing import Any, Protocol
+
+from ..approvals import engine_from_settings
+from ..approvals.errors import GrantStoreUnavailable
+from ..approvals.turn import PreparedTurn, prepare_turn
+from ..errors import AllowedToolsError
+from ..metrics import record_fallback
+from ..request import resolve_callable_catalog
+from ..request.custom_tools import read_custom_tools
+from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
+from ..request.rewrite import (
+    Api,
+    Rewritten,
+    constrain_to_catalog,
+    echo_of,
+    filter_catalog,
+    rewrite_request,
+)
+from ..request.template_probe import ProbeResult
+from ..response import AllowedNames
+from ..response.asgi import Receive, Scope, Send
+from ..response.conformance_check import CheckLog
+from ..response.contract import OutputContract
+from ..response.sse import SSEEvent
+from ..settings import PLAIN_CATALOG, Settings
+from .authentication import find_authentication
+from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
+from .routes import (
+    RouteDecision,
+    carries_tools,
+    decide,
+    find_router,
+    log_route_table,
+    matched_template,
+)
+
+#: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
+CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    """The whole request body; the flag says the client disconnected while sending it."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks), True
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks), False
+
+
+async def _send_json(send: Send, status: int, payload: dict[str, Any],
+                     headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(payload).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *(headers or [])]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+class TemplatePlacement(Protocol):
+    """Where the served chat template takes the per-turn policy (chosen at start-up by probing it;
+    ``vllm_glue/served_template.py``'s ``PlacementChoice``)."""
+
+    @property
+    def placement(self) -> str: ...
+
+    @property
+    def served(self) -> object | None:
+        """The served template, when a request's own template can be probed like it."""
+
+    @property
+    def filter_catalog(self) -> bool: ...
+
+    def for_request_template(self, text: str) -> ProbeResult: ...
+
+
+class GuardingMiddleware:
+    """Resolve and rewrite allowed-tools requests (a 400 for an invalid selection), run the
+    approvals, and guard what comes back; ``settings`` and ``placement`` are the server's, decided
+    at start-up."""
+
+    def __init__(self, app: Any, *, settings: Settings, placement: TemplatePlacement) -> None:
+        self.settings = settings
+        self.placement = placement
+        # vLLM renders a request's own chat_template only when the operator trusts them
+        self._request_templates = settings.launch.trust_request_chat_template
+        self.plain_decoding = settings.plain_decoding
+        self.strict_all = settings.launch.strict_level_parameter
+        # None: approvals off; a bad policy file stops start-up
+        self.approvals = engine_from_settings(settings)
+        self._check_log = CheckLog.from_settings(settings)   # the Open Responses check mode
+        self.app = app
+        self._auth = find_authentication(app, settings)
+        self._router = find_router(app)
+        if self._router is not None:
+            log_route_table(self._router)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or (self._auth is not None and not self._auth.accepts(scope)):
+            # not HTTP, or vLLM's own 401 before we read the body or touch the grant store
+            await self.app(scope, receive, send)
+            return
+        route = _route(self._router, scope)
+        if route.decision == "passthrough" or route.decision == "count_only":
+            await self.app(scope, receive, send)
+            return
+        if route.decision == "stored":
+            await _send_json(send, 400, _unguarded_endpoint(scope, route.template).to_openai())
+            return
+        body, disconnected = await _read_body(receive)
+        if disconnected:
+            return
+        try:
+            data = json.loads(body)
+        except ValueError:
+            data = None
+        if route.decision == "no_tools" or not isinstance(data, dict):
+            key = carries_tools(data)
+            if key is not None:
+                await _send_json(send, 400, _unguarded_endpoint(scope, route.template, key).to_openai())
+                return
+            # no tools, or not a JSON object: vLLM answers as it always does
+            await self.app(scope, StopSignal().receive(body, receive), send)
+            return
+        await self._guarded(scope, receive, send, data, body, route)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, data: dict, body: bytes,
+                       route: RouteDecision) -> None:
+        """A tool-bearing request: rewritten for vLLM, its answer guarded on the way out."""
+        api: Api = route.api   # type: ignore[assignment]
+        render = route.decision == "render"
+        try:
+            placement = self._placement_for(data, api)
+            rewritten = rewrite_request(data, api, placement, self.settings.launch.tool_call_parser)
+            data = rewritten.request
+            _refuse_final_message_continuation(data, rewritten, placement)
+            _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,
+                                       render=render)
+        except AllowedToolsError as exc:
+            await _send_json(send, exc.status, exc.to_openai())
+            return
+        if self.placement.filter_catalog and rewritten.allowlist is not None \
+                and rewritten.allowlist.has_allowlist:
+            rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
+            record_fallback("filter_catalog")
+        call_filter = _output_filter(rewritten, data, api)
+        # a render answers with the prompt, not with the model's output: nothing for the backstops
+        contract = _output_contract(rewritten, data, api, strict_all=self.strict_all) \
+            if call_filter is not None and not render else None
+        if self.plain_decoding == PLAIN_CATALOG:
+            rewritten = constrain_to_catalog(rewritten, api)
+        response_approvals = commit = None
+        if self.approvals is not None:
+            turn = await self._approved(scope, send, data, rewritten, api, render)
+            if turn is None:
+                return   # answered already
+            rewritten, response_approvals, commit = turn.rewritten, turn.responses, turn.commit
+            if turn.chat is not None and call_filter is not None:   # decided: the guard backstops
+                call_filter = turn.chat.call_filter(call_filter)
+        rewritten = _with_policy_block(rewritten, api, placement)
+        if rewritten.changed:
+            body = json.dumps(rewritten.body).encode()
+            scope = dict(scope, headers=with_content_length(list(scope.get("headers", [])), len(body)))
+        stop = StopSignal()
+        spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
+                     if p.isdigit())
+        send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec,
+                           response_approvals, commit, contract=contract, check_log=self._check_log)
+        await self.app(scope, stop.receive(body, receive), send)
+
+    def _placement_for(self, data: dict, api: Api) -> str:
+        """The served template's placement, or that of a template the request brings (vLLM
+        renders with it only under ``--trust-request-chat-template``; otherwise it refuses it)."""
+        template = data.get("chat_template") if api == "chat" else None
+        if not isinstance(template, str) or not self.placement.served or not self._request_templates:
+            return self.placement.placement
+        result = self.placement.for_request_template(template)
+        if result.placement is None:
+            raise AllowedToolsError(
+                "`chat_template` cannot take the per-turn allowed-tools policy after a stable "
+                f"prompt prefix ({result.explain()}); send a template that can, or none to use "
+                "the server's", param="chat_template", code="unsupported_chat_template")
+        return result.placement
+
+    async def _approved(self, scope: Scope, send: Send, data: dict, rewritten: Rewritten,
+                        api: Api, render: bool) -> PreparedTurn | None:
+        """The approvals' turn (:func:`..approvals.turn.prepare_turn`, off the loop: it may read
+        and write the grant store); None when the request was answered here (an error, or calls
+        an approval released without the model)."""
+        try:
+            turn = await asyncio.to_thread(prepare_turn, self.approvals, data, rewritten, api,
+                                           headers=scope.get("headers", []), render=render)
+        except AllowedToolsError as exc:
+            if isinstance(exc, GrantStoreUnavailable):
+                log_store_down(exc)
+            await _send_json(send, exc.status, exc.to_openai(), error_headers(exc))
+            return None
+        if turn.direct_output is not None:
+            await _send_direct(send, data, turn.direct_output, rewritten.original_tool_choice,
+                               self._check_log)
+            return None
+        return turn
+
+
+async def _send_direct(send: Send, body: dict, output: list[dict], original_tool_choice: Any,
+                       check: CheckLog | None) -> None:
+    """Calls an approval released without the model, answered here (``check``: the check mode's
+    log; these answers are ours alone)."""
+    from ..approvals.wire import direct_events, direct_response
+    from ..response.conformance import conformed_response
+    response = conformed_response(direct_response(body, output, original_tool_choice))
+    if not body.get("stream"):
+        if check is not None:
+            check.unary(json.dumps(response).encode())
+        await _send_json(send, 200, response)
+        return
+    payload = b"".join(SSEEvent.encode(event, event["type"]) for event in direct_events(response))
+    if check is not None:
+        stream = check.stream()
+        stream.feed(payload)
+        stream.close()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                            (b"cache-control", b"no-cache")]})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _with_policy_block(rewritten: Rewritten, api: Api, placement: str) -> Rewritten:
+    """The request with the policy block as a message, where the template takes it so; last, after
+    the approvals have read the client's own history."""
+    allowlist = rewritten.allowlist
+    if placement not in (SYSTEM_MESSAGE, LAST_MESSAGE) or allowlist is None \
+            or not allowlist.has_allowlist:
+        return rewritten
+    body = place_policy(rewritten.body, api, placement, allowlist.mode or allowlist.choice,
+                        sorted(allowlist.allowed_flat_names))
+    return replace(rewritten, body=body, changed=True)
+
+
+def _refuse_final_message_continuation(data: dict, rewritten: Rewritten, placement: str) -> None:
+    if placement in (SYSTEM_MESSAGE, LAST_MESSAGE) and data.get("continue_final_message") is True \
+            and rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
+        raise AllowedToolsError(
+            "`continue_final_message` cannot be combined with allowed_tools on this server: the "
+            "served template takes the per-turn policy as a message after the history, so the "
+            "final message would no longer be the last. Send the request without it.",
+            param="continue_final_message", code="unsupported_with_allowed_tools")
+
+
+def _output_filter(rewritten: Rewritten, body: dict, api: Api) -> Any:
+    """What the guard checks calls against: the allowlist when the turn has one, else the catalog
+    (a call to a name the request never offered is refused in every mode); None without tools."""
+    if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
+        return rewritten.allowlist
+    if body.get("tools"):
+        return AllowedNames.from_request(body, api)
+    return None
+
+
+def _output_contract(rewritten: Rewritten, body: dict, api: Api, *, strict_all: bool) -> OutputContract:
+    """The guard's backstops for this turn: a call required (``required``, a named choice,
+    ``allowed_tools`` in ``required`` mode), arguments always one JSON object, strict tools' (every
+    tool's under ``--tool-strict-level parameter``) valid against their schema, a grammar custom
+    tool's input admitted by its grammar."""
+    turn = rewritten.allowlist
+    if turn is None and body.get("tools"):   # a choice left to vLLM: the catalog, in auto mode
+        try:
+            turn = resolve_callable_catalog(body, api)
+        except AllowedToolsError:
+            turn = None
+    grammars = read_custom_tools(body.get("tools"), api).grammars   # compiled when rewritten
+    return OutputContract.for_turn(turn, strict_all=strict_all, custom_grammars=grammars)
+
+
+def _route(router: Any, scope: Scope) -> RouteDecision:
+    routes = getattr(router, "routes", None)
+    if routes is None:
+        router = find_router(scope.get("app"))
+        routes = getattr(router, "routes", ())
+    return decide(matched_template(routes, scope), str(scope.get("method", "GET")).upper())
+
+
+def _unguarded_endpoint(scope: Scope, template: str | None, key: str | None = None) -> AllowedToolsError:
+    """The 400 for a route that would serve tool calls past the guard and the approvals."""
+    endpoint = f"{scope.get('method', 'POST')} {template or scope.get('path', '')}"
+    what = f"a request with `{key}`" if key else "this endpoint"
+    return AllowedToolsError(
+        f"{endpoint} is not guarded by vllm-allowed-tools, so this server refuses {what} there: "
+        "tool calls are served only on POST /v1/chat/completions and POST /v1/responses, where "
+        "the allowed-tools policy, the output guard and the approvals apply. Send the request to "
+        "one of those.", param=key, code=CODE_UNGUARDED_ENDPOINT)
+
+
+def _refuse_unguardable_fields(body: dict, api: Api, *, approvals: bool, render: bool) -> None:
+    """Fields whose output or history the guard never sees: background responses (fetched later
+    from vLLM's store, unguarded) and, with approvals, ``previous_response_id`` (history from
+    vLLM's store, where gated calls stand as if they had been released)."""
+    if api != "responses" or render or not body.get("tools"):
+        return
+    if body.get("background"):
+        raise AllowedToolsError(
+            "`background: true` is not supported with tools under vllm-allowed-tools: a background "
+            "response is fetched later from vLLM's store, past the output guard. Send the request "
+            "with `background: false`.", param="background", code=CODE_UNGUARDED_ENDPOINT)
+    if approvals and body.get("previous_response_id") is not None:
+        raise AllowedToolsError(
+            "`previous_response_id` is not supported while tool-call approvals are on: vLLM would "
+            "rebuild the history from its own store, where a call waiting for approval stands as "
+            "if it had been made. Send the whole conversation in `input` instead.",
+            param="previous_response_id", code=CODE_UNGUARDED_ENDPOINT)
