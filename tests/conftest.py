@@ -120,20 +120,34 @@ def _group_of(item) -> str:
     return group
 
 
-#: fixtures that serve a trained tiny model (their tests wait for its build)
-_TRAINED_FIXTURES = frozenset({"happy_server"})
+#: fixtures that serve a trained tiny model (their tests wait for its build): tool-happy builds
+#: first, thinking after it
+_TOOL_HAPPY_FIXTURES = frozenset({"happy_server", "stage_happy_server"})
+_THINKING_FIXTURES = frozenset({"thinking_server"})
+
+
+def _trained_rank(item) -> int:
+    """0: no trained model; 1: tool-happy (a ``trained_model`` mark says so where a module starts
+    its own server); 2: thinking, which the background build makes last."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if _THINKING_FIXTURES & fixtures:
+        return 2
+    return 1 if item.get_closest_marker("trained_model") is not None or _TOOL_HAPPY_FIXTURES & fixtures else 0
 
 
 def _needs_trained_model(item) -> bool:
-    return item.get_closest_marker("trained_model") is not None or \
-        bool(_TRAINED_FIXTURES & set(getattr(item, "fixturenames", ())))
+    return _trained_rank(item) > 0
 
 
 def _trained_groups_last(items) -> None:
-    """The groups that serve a trained model run after the rest: the models build in the
-    background meanwhile (:func:`pytest_configure`), so no worker sits waiting for a build."""
-    late = {_group_of(item) for item in items if _needs_trained_model(item)}
-    order = {id(item): (_group_of(item) in late, index) for index, item in enumerate(items)}
+    """The groups that serve a trained model run after the rest, in the order the background
+    build makes the models (:func:`_build_trained_models_in_background`), so no worker sits
+    waiting for a build while other groups could run."""
+    rank: dict[str, int] = {}
+    for item in items:
+        group = _group_of(item)
+        rank[group] = max(rank.get(group, 0), _trained_rank(item))
+    order = {id(item): (rank[_group_of(item)], index) for index, item in enumerate(items)}
     items.sort(key=lambda item: order[id(item)])
 
 

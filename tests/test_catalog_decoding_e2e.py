@@ -14,7 +14,7 @@ import httpx
 import pytest
 from conftest import start_cli_server, stop_cli_server
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.trained_model]
 
 #: names the tool-happy model never saw in training (its pool: vllm_allowed_tools.testing.tool_pool)
 UNSEEN = ["brew_coffee", "water_plants", "tune_guitar"]

@@ -19,7 +19,7 @@ from vllm_allowed_tools.testing.server import start_server
 from vllm_allowed_tools.testing.tiny_model import ensure_model
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.trained_model]
 
 CORPUS = Path(__file__).parent / "data" / "chat_templates"
 QWEN3 = CORPUS / "Qwen-Qwen3-0.6B.jinja"
