@@ -236,7 +236,7 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     directory, which its ``python -c`` puts first on ``sys.path`` (None: ours; pass a folder
     outside a source checkout when `python` must import an installed copy of the package).
     """
-    from .tiny_model import validate_model_dir
+    from .tiny_model import validate_model_dir, vllm_cache_dir
 
     validate_model_dir(model_dir)
     preflight()
@@ -247,7 +247,10 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
         log_path = Path(tempfile.mkstemp(prefix="vllm-allowed-tools-", suffix=".log")[1])
     log = open(log_path, "w", buffering=1)
     environment = server_environment(env)
-    environment.setdefault("VLLM_CACHE_ROOT", tempfile.mkdtemp(prefix="vllm-cache-"))
+    # one vLLM cache for every start: vLLM inspects a model class in a child process (a whole
+    # vLLM import, ~15 s of a CPU start) unless the answer is in its cache; the cache's files are
+    # keyed by the model module's hash and written atomically, so starts can share it
+    environment.setdefault("VLLM_CACHE_ROOT", str(vllm_cache_dir()))
     process = subprocess.Popen(server_command(model_dir, port, host, parser, extra_args, vanilla,
                                               chat_template, one_flag, python),
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

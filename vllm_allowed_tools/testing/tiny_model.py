@@ -291,6 +291,11 @@ def default_cache_dir() -> Path:
     return Path(root) / "models"
 
 
+def vllm_cache_dir() -> Path:
+    """The ``VLLM_CACHE_ROOT`` the servers we start share (next to the models)."""
+    return default_cache_dir().parent / "vllm"
+
+
 def cached_model(flavour: str, seed: int = 0, cache_dir: Path | None = None) -> Path | None:
     """The cached model for (flavour, seed) when it is complete and built by today's recipe."""
     path = (Path(cache_dir) if cache_dir else default_cache_dir()) / f"{flavour}-seed{seed}"
