@@ -163,10 +163,14 @@ def log_tail(path: Path, lines: int = 60) -> str:
         return "(no log)"
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    os.setsid()
+def _terminated_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    os.setsid()
+    _terminated_with_parent()
 
 
 @dataclass
@@ -384,7 +388,9 @@ def start_serve_tiny(flavour: str = "random", *, options: Sequence[str] = (),
         log_path = Path(tempfile.mkstemp(prefix=f"vllm-{flavour}-", suffix=".log")[1])
     process = subprocess.Popen(serve_tiny_command(flavour, free_port(), log_path, options, extra_args),
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               text=True, env={**process_environment(), **(env or {})})
+                               text=True, env={**process_environment(), **(env or {})},
+                               # a test process killed outright takes its servers with it
+                               preexec_fn=_terminated_with_parent)
     output = _OutputLines(process.stdout)
     try:
         url = output.wait_for("http", time.monotonic() + timeout)
