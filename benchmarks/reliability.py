@@ -40,7 +40,7 @@ from vllm_allowed_tools.testing.reliability import (
     sqlite_folder_gone,
     table,
 )
-from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server import SEPARATE_WORKER, ServeTinyProcess, start_serve_tiny
 from vllm_allowed_tools.testing.store_faults import sqlite_locked
 
 
@@ -48,7 +48,8 @@ def _start_server(flavour: str, log_dir: Path, env: dict[str, str] | None = None
                   tag: str = "") -> ServeTinyProcess:
     log_path = log_dir / f"vllm-reliability-{flavour}{tag}.log"
     log(f"starting serve-tiny ({flavour}); log {log_path}")
-    server = start_serve_tiny(flavour, env=env, log_path=log_path)
+    # the model in its own worker process: the load tells the engine core's memory from the KV cache's
+    server = start_serve_tiny(flavour, env=env, log_path=log_path, extra_args=SEPARATE_WORKER)
     log(f"server at {server.base_url}")
     return server
 

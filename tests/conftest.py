@@ -20,7 +20,7 @@ import pytest
 
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.settings import reset_for_tests
-from vllm_allowed_tools.testing.server import SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server import SEPARATE_WORKER, SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny
 from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
 
 # grammars are built in-process here as in the server: vLLM's own tag builders lent as the plugin
@@ -76,8 +76,10 @@ def load_script(folder: str, name: str):
 
 @pytest.fixture(scope="session")
 def random_server():
-    """The random-weight adversary, served with the plugin (allowed_hermes)."""
-    server = start_cli_server("random")
+    """The random-weight adversary, served with the plugin (allowed_hermes); its model runs in a
+    worker process of its own, so the reliability load can tell the engine core's memory (our
+    logits processors, compiled grammars) from the KV cache's (tests/test_reliability_e2e.py)."""
+    server = start_cli_server("random", extra_args=list(SEPARATE_WORKER))
     yield server
     stop_cli_server(server)
 

@@ -90,6 +90,9 @@ MODEL_TEMPLATE = "model"
 #: one model worker inside the engine-core process (vLLM's ``uni`` executor, its default on one
 #: GPU) instead of a third process: a CPU start spawns, and so imports vLLM, once less (~12 s)
 IN_PROCESS_WORKER = ("--distributed-executor-backend", "uni")
+#: vLLM's CPU default back (passed after IN_PROCESS_WORKER, so it wins): the model and its KV
+#: cache in a worker process of their own, apart from the engine core's scheduler and grammars
+SEPARATE_WORKER = ("--distributed-executor-backend", "mp")
 
 
 def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: str = DEFAULT_PARSER,

@@ -190,6 +190,10 @@ def rss_growth_problems(figures: Figures, max_growth_mib: float = 32.0,
     if growth is None:
         return []
     sizes = {key: values[0] for key, values in figures.extra["rss_mib_per_round"].items()}
+    if not sizes["worker"]:
+        return ["no worker process: the model and its KV cache run in the engine core (vLLM's "
+                "uni executor), whose growth cannot be told from the KV cache's; serve with "
+                "testing.server.SEPARATE_WORKER"]
     problems = [f"{key} grew {growth[key]} MiB (of {sizes[key]})"
                 for key in ("api_server", "engine_core", "other")
                 if growth[key] > max(max_growth_mib, max_ratio * sizes[key])]
