@@ -18,6 +18,12 @@ from pathlib import Path
 
 import pytest
 
+# OpenMP threads that wait for work sleep instead of spinning: every process of the run (test
+# workers, the background model build, the servers) shares two cores, and a spinning thread burns a
+# core another process needs (the tiny-model training step: half the CPU, a third of the time, the
+# same gradients). Set before anything loads torch, so every child inherits it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.settings import reset_for_tests
 from vllm_allowed_tools.testing.server import SEPARATE_WORKER, SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny

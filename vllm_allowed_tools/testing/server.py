@@ -29,6 +29,7 @@ from typing import IO, Any, Sequence
 from ..formats import wire_format, wire_formats
 from ..settings import Settings, process_environment
 from ..templates import template_path
+from .server_ledger import SERVER_LEDGER_ENV, record_start  # noqa: F401 (SERVER_LEDGER_ENV: tests)
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
@@ -277,28 +278,8 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     except BaseException:
         server.stop()
         raise
-    _record_start(model_dir, parser, extra_args, vanilla, one_flag, time.monotonic() - started)
+    record_start(model_dir, parser, extra_args, vanilla, one_flag, time.monotonic() - started)
     return server
-
-
-#: a JSON-lines file each started server is recorded in (the test session's start ledger:
-#: tests/conftest.py prints what the starts cost, by test group)
-SERVER_LEDGER_ENV = Settings.variable("server_ledger")
-
-
-def _record_start(model_dir: Path, parser: str, extra_args: Sequence[str], vanilla: bool,
-                  one_flag: bool, seconds: float) -> None:
-    # read now, not from the process's settings: the ledger and the test change during a session
-    settings = Settings.from_environ(process_environment())
-    ledger = settings.server_ledger
-    if ledger is None:
-        return
-    import json
-    record = {"test": (settings.pytest_current_test or "").split(" ")[0],
-              "model": Path(model_dir).name, "parser": parser, "vanilla": vanilla,
-              "one_flag": one_flag, "args": list(extra_args), "seconds": round(seconds, 1)}
-    with contextlib.suppress(OSError), open(ledger, "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(record) + "\n")
 
 
 # ------------------------------------------------------------------ the serve-tiny console script
