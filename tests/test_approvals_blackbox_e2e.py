@@ -5,7 +5,9 @@ elicitation items are not SDK types) and httpx where a request must go without a
 Every test asserts what a client can observe (status, error ``code`` / ``param``, output items) and
 that no ``send_email`` call leaves the server unapproved: forged and altered answers, replays,
 retries, races, another principal or session answering, expiry, unauthenticated answers,
-type-confused fields, the other tool-producing endpoints, and gated custom tools.
+type-confused fields, the other tool-producing endpoints, and gated custom tools; and the plain
+flow first: an accept releases exactly the recorded call with no model call, a decline reaches the
+model, the digests are RFC 8785's.
 
 Determinism: ``seed`` + ``temperature`` and an ``allowed_tools`` choice in ``required`` mode on the
 gated tool make the random model call ``send_email`` on every turn, so every turn that is not an
@@ -22,9 +24,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import hashlib
+
 import httpx
 import openai
 import pytest
+import rfc8785
 from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.approvals.engine import Decline, ProposedCall
@@ -182,6 +187,61 @@ def _grants_of(server, elicitation_id: str) -> list[dict[str, Any]]:
                             capture_output=True, text=True, timeout=60, check=True)
     grants = [json.loads(line) for line in listed.stdout.splitlines() if line.startswith("{")]
     return [grant for grant in grants if grant["origin_elicitation_id"] == elicitation_id]
+
+
+# ------------------------------------------------------------------------------- the flow
+
+
+def _rfc8785_digest(value: Any) -> str:
+    return "sha256:" + hashlib.sha256(rfc8785.dumps(value)).hexdigest()
+
+
+def test_an_accept_releases_the_recorded_call_without_a_model_call(server):
+    elicitation = _elicit(server, "flow-1")
+    assert elicitation["elicitation_type"] == "tool_call_approval"
+    assert POOL_BY_NAME[GATED].arguments_valid(elicitation["arguments"])
+    # a client recomputes both digests with a standard RFC 8785 library (docs/approvals.md)
+    tool = TOOLS[0]
+    assert elicitation["arguments_digest"] == _rfc8785_digest(json.loads(elicitation["arguments"]))
+    assert elicitation["tool_definition_digest"] == _rfc8785_digest(
+        {"namespace": None, "name": GATED, "description": tool["description"],
+         "parameters": tool["parameters"]})
+    before = _prompt_tokens(server)
+    _accept_releases(server, elicitation, "flow-1")
+    assert _prompt_tokens(server) == before, "no model call was needed"
+
+
+def test_an_accept_needs_a_turn_that_allows_the_tool(server):
+    elicitation = _elicit(server, "flow-2")
+    history = [USER, elicitation, _answer(elicitation)]
+    # this turn cannot call the tool (tool_choice none): a 400 that says why, nothing consumed
+    error = _error(_send(server, {"model": "tiny", "input": history, "tools": TOOLS,
+                                  "tool_choice": "none", "prompt_cache_key": "flow-2"}),
+                   400, "tool_not_allowed_this_turn", "input[2]")
+    assert "tool_choice" in error["message"]
+    _accept_releases(server, elicitation, "flow-2")   # resent with a turn that allows it
+
+
+def test_a_streamed_gated_call_is_an_elicitation(server):
+    status, events = _stream(server, _body(session="flow-3", stream=True))
+    assert status == 200, events
+    items = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [item["type"] for item in items] == ["elicitation"]
+    assert not any(e["type"].startswith("response.function_call_arguments") for e in events)
+    numbers = [e["sequence_number"] for e in events]
+    assert numbers == sorted(set(numbers))
+    assert events[-1]["response"]["output"][0]["type"] == "elicitation"
+
+
+def test_a_decline_reaches_the_model_and_releases_nothing(server):
+    elicitation = _elicit(server, "flow-4")
+    before = _prompt_tokens(server)
+    output = _ok(server, _body(USER, elicitation, _answer(elicitation, "decline", reason="not today"),
+                               session="flow-4"))
+    assert _prompt_tokens(server) > before   # the model was asked, with the decline
+    assert not any(i["type"] == "function_call" and i["call_id"] == elicitation["call_id"]
+                   for i in output)
+    _assert_nothing_released(output)
 
 
 # ------------------------------------------------------------------------------------- keys
