@@ -11,7 +11,6 @@ import json
 
 import httpx
 import pytest
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
 
@@ -28,16 +27,10 @@ ADMITTED = {f'"{core}\\' for core in ("a", "bc", "bcc", "bccc")}   # every input
 SEEDS = (0, 1, 2)
 
 
-@pytest.fixture(scope="module")
-def qwen3_coder_server():
-    server = start_cli_server("random", options=["--parser", "allowed_qwen3_coder"])
-    yield server
-    stop_cli_server(server)
-
-
-@pytest.fixture(params=["hermes", "qwen3_coder"])
-def server(request):
-    return request.getfixturevalue("random_server" if request.param == "hermes" else "qwen3_coder_server")
+@pytest.fixture
+def server(random_server):
+    """hermes; the same tests on qwen3_coder run on that format's server in test_parsers_e2e.py."""
+    return random_server
 
 
 def request_body(seed: int, stream: bool, **extra) -> dict:

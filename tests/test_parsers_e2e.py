@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import test_custom_tools_e2e as custom_e2e
 from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.devtools.prefix import policy_block_offset, render_with_policy
@@ -380,3 +381,23 @@ def test_policy_keeps_the_base_parsers_detokenizer_settings(glue, parser, mode):
     request, plain = policy_request(mode, ["get_ticket"], TWO_TOOLS)
     assert wrapper.adjust_request(request).skip_special_tokens == \
         base.adjust_request(plain).skip_special_tokens
+
+
+# ------------------------------------------------------ a custom grammar tool on an XML format
+
+@pytest.mark.parametrize("served", ["allowed_qwen3_coder"], indirect=True)   # that server, once
+@pytest.mark.parametrize("seed", custom_e2e.SEEDS)
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_a_selected_custom_tool_is_called_with_an_input_its_grammar_admits(served, seed, stream):
+    """tests/test_custom_tools_e2e.py's required custom-tool turn on qwen3_coder, where the input is
+    the raw parameter value."""
+    _, server, _ = served
+    if not stream:
+        response = custom_e2e.unary(server, custom_e2e.request_body(seed, False))
+        custom_e2e.the_one_custom_call(response)
+        return
+    events = custom_e2e.streamed(server, custom_e2e.request_body(seed, True))
+    assert events[-1]["type"] == "response.completed", events[-1]
+    call = custom_e2e.the_one_custom_call(events[-1]["response"])
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta")
+    assert deltas == call["input"], events
