@@ -148,7 +148,18 @@ class _Row:
 
 
 class MaskedBatch:
-    """One matcher per constrained row of a persistent batch; unconstrained rows cost nothing."""
+    """One matcher per constrained row of a persistent batch; unconstrained rows cost nothing.
+
+    A step's grammar work is done for all rows at once, not row by row, because a busy server
+    decodes 64-256 constrained rows a step (``benchmarks/scale_rows.py`` measured the per-row loop
+    growing linearly): every row's new token is accepted in one xgrammar call, every mask (the
+    catalogs' and the envelopes' together) is filled in one threaded call, the envelopes are ANDed
+    in one numpy operation, and on CPU the masks are applied together, a row that allows only a few
+    tokens by keeping those few rather than unpacking its whole bitmask."""
+
+    #: a row whose bitmask has at most this share of non-zero words (it allows a few tokens: a
+    #: call's markup, a name, a key, an enum) is masked by keeping those tokens; others unpack
+    SPARSE_WORDS_SHARE = 1 / 8
 
     def __init__(self, grammars: CompiledGrammars, vocab_size: int, max_rows: int,
                  reasoning: ReasoningGate | None = None) -> None:
@@ -156,10 +167,14 @@ class MaskedBatch:
         self.grammars = grammars
         self.reasoning = reasoning
         self.vocab_size = vocab_size
-        self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)
-        self._words = self._bitmask.numpy()      # the same memory, for numpy
+        self.max_rows = max_rows
+        # rows [0, max_rows) hold each row's mask, rows [max_rows, 2 max_rows) its envelope's, so
+        # one batched fill writes both
+        self._masks = xgr.allocate_token_bitmask(2 * max_rows, vocab_size)
+        self._bitmask = self._masks[:max_rows]
+        self._all_words = self._masks.numpy()    # the same memory, for numpy
+        self._words = self._all_words[:max_rows]
         self._batch_filler: Any = None
-        self._envelope_bitmask: Any = None       # the envelopes' masks, before intersecting
         self._stop_rows: dict[tuple[int, ...], Any] = {}
         self.rows: dict[int, _Row] = {}
 
@@ -198,23 +213,60 @@ class MaskedBatch:
 
     # ------------------------------------------------------------------ per step
     def sync(self) -> None:
-        """Advance every matcher over the output tokens produced since the last step."""
+        """Advance every matcher over the output tokens produced since the last step: the usual
+        step (one new token a row) in one batched accept for all rows, a row with several new
+        tokens (a resumed request, a row whose reasoning just ended) on its own."""
+        matchers: list[Any] = []
+        tokens: list[int] = []
+        owners: list[_Row] = []
         for state in self.rows.values():
             output = state.output_ids
             if state.reasoning and not self._end_reasoning(state):
                 continue
-            while state.consumed < len(output):
+            new = len(output) - state.consumed
+            if new <= 0:
+                continue
+            if new == 1 and not state.failed:
                 token = output[state.consumed]
                 if token < 0:          # a placeholder not yet filled in (async scheduling)
-                    break
-                state.consumed += 1
-                if state.failed or state.matcher.is_terminated():
                     continue
-                if not state.matcher.accept_token(int(token)) or \
-                        (state.envelope is not None and not state.envelope.accept_token(int(token))):
-                    state.failed = True
-                    logger.error("vllm-allowed-tools: the grammar refused token %d; the request "
-                                 "may only stop now", token)
+                state.consumed += 1
+                if state.matcher.is_terminated():
+                    continue
+                matchers.append(state.matcher)
+                tokens.append(int(token))
+                owners.append(state)
+                if state.envelope is not None:
+                    matchers.append(state.envelope)
+                    tokens.append(int(token))
+                    owners.append(state)
+                continue
+            self._replay(state)
+        if not matchers:
+            return
+        import xgrammar as xgr
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
+        for state, token, ok in zip(owners, tokens, accepted):
+            if not ok and not state.failed:
+                state.failed = True
+                logger.error("vllm-allowed-tools: the grammar refused token %d; the request may "
+                             "only stop now", token)
+
+    def _replay(self, state: _Row) -> None:
+        """Several new tokens of one row, one at a time."""
+        output = state.output_ids
+        while state.consumed < len(output):
+            token = output[state.consumed]
+            if token < 0:          # a placeholder not yet filled in (async scheduling)
+                break
+            state.consumed += 1
+            if state.failed or state.matcher.is_terminated():
+                continue
+            if not state.matcher.accept_token(int(token)) or \
+                    (state.envelope is not None and not state.envelope.accept_token(int(token))):
+                state.failed = True
+                logger.error("vllm-allowed-tools: the grammar refused token %d; the request "
+                             "may only stop now", token)
 
     def _end_reasoning(self, state: _Row) -> bool:
         """Pass a reasoning row's new tokens by, up to where the gate says its grammar starts;
@@ -237,13 +289,11 @@ class MaskedBatch:
         if not self.rows:
             return logits
         batch = logits.shape[0]
-        indices = [row for row, state in self.rows.items() if row < batch and not state.reasoning]
-        if not indices:
-            return logits
         bitmask = self._bitmask
-        masked, live_rows, live_matchers, envelopes = [], [], [], []
-        for row in indices:
-            state = self.rows[row]
+        masked, live_rows, live_matchers, envelope_rows, envelopes = [], [], [], [], []
+        for row, state in self.rows.items():
+            if row >= batch or state.reasoning:
+                continue
             if state.failed or state.matcher.is_terminated():
                 self._stop_only(row, state)
                 masked.append(row)
@@ -251,17 +301,20 @@ class MaskedBatch:
                 live_rows.append(row)
                 live_matchers.append(state.matcher)
                 if state.envelope is not None:
-                    envelopes.append((row, state.envelope))
+                    envelope_rows.append(row)
+                    envelopes.append(state.envelope)
         if len(live_rows) == 1 and not envelopes:   # xgrammar says whether the mask allows everything
             if live_matchers[0].fill_next_token_bitmask(bitmask, live_rows[0]):
                 masked.append(live_rows[0])
         elif live_rows:
-            self._fill(live_matchers, bitmask, live_rows)
-            if envelopes:
-                self._intersect_envelopes(envelopes)
+            self._fill(live_matchers + envelopes,
+                       live_rows + [self.max_rows + row for row in envelope_rows])
+            if envelopes:   # names from the subset, arguments from the tool's schema (:mod:`.split`)
+                self._words[envelope_rows] &= self._all_words[[self.max_rows + row for row in envelope_rows]]
             masked += self._not_open(live_rows)
         if not masked:
             return logits
+        masked.sort()
         vocab = min(self.vocab_size, logits.shape[-1])
         if logits.device.type == "cpu":
             self._apply_on_cpu(logits, masked, vocab)
@@ -271,25 +324,15 @@ class MaskedBatch:
                                             vocab_size=vocab, indices=masked)
         return logits
 
-    def _fill(self, matchers: list[Any], bitmask: Any, rows: list[int]) -> None:
+    def _fill(self, matchers: list[Any], rows: list[int]) -> None:
         """Fill the rows' masks: one call for several rows, filled in parallel by xgrammar."""
         if len(rows) == 1:
-            matchers[0].fill_next_token_bitmask(bitmask, rows[0])
+            matchers[0].fill_next_token_bitmask(self._masks, rows[0])
             return
         if self._batch_filler is None:
             import xgrammar as xgr
             self._batch_filler = xgr.BatchGrammarMatcher()
-        self._batch_filler.batch_fill_next_token_bitmask(matchers, bitmask, rows)
-
-    def _intersect_envelopes(self, envelopes: list[tuple[int, Any]]) -> None:
-        """Each row's catalog mask AND its envelope's: names from the subset, arguments from the
-        tool's schema (:mod:`.split`)."""
-        if self._envelope_bitmask is None:
-            import xgrammar as xgr
-            self._envelope_bitmask = xgr.allocate_token_bitmask(self._words.shape[0], self.vocab_size)
-        rows = [row for row, _ in envelopes]
-        self._fill([matcher for _, matcher in envelopes], self._envelope_bitmask, rows)
-        self._words[rows] &= self._envelope_bitmask.numpy()[rows]
+        self._batch_filler.batch_fill_next_token_bitmask(matchers, self._masks, rows)
 
     def _not_open(self, rows: list[int]) -> list[int]:
         """The rows whose mask refuses something: a row with every bit set (free text in auto
@@ -303,15 +346,35 @@ class MaskedBatch:
         return [row for row, is_open in zip(rows, open_rows.tolist()) if not is_open]
 
     def _apply_on_cpu(self, logits: Any, rows: Sequence[int], vocab: int) -> None:
-        """xgrammar's CPU kernel takes about 0.5 ms a row at a 150K vocabulary; unpacking the bits
-        with numpy and one masked fill takes about 0.1 ms (measured in benchmarks/). Several rows
-        are unpacked and masked in one go (one slice when they are contiguous)."""
+        """Mask ``rows`` (sorted) of CPU logits below ``vocab``, all rows in a few numpy operations.
+
+        xgrammar 0.2.8's CPU kernel takes about 0.5 ms a row at a 150K vocabulary, and torch's
+        element-wise ops on a busy 2-core machine stall on their thread pool, so the masks are
+        applied through a numpy view of the logits: a row that allows a few tokens (most steps of
+        a call) keeps them and is filled with -inf (a memset); the others unpack their refused bits
+        and set those. Logits numpy cannot view (bfloat16) go through torch."""
+        import numpy as np
+        try:
+            target = logits.detach().numpy()
+        except (TypeError, RuntimeError):
+            self._apply_with_torch(logits, rows, vocab)
+            return
+        rows_array = np.asarray(rows, dtype=np.int64)
+        words = self._words[rows_array]
+        sparse = np.count_nonzero(words, axis=1) <= words.shape[1] * self.SPARSE_WORDS_SHARE
+        if sparse.any():
+            _keep_only(target, rows_array[sparse], words[sparse], vocab)
+        if not sparse.all():
+            dense = rows_array[~sparse]
+            refused = np.unpackbits((~words[~sparse]).view(np.uint8), axis=-1, bitorder="little",
+                                    count=vocab)
+            which, tokens = np.nonzero(refused)
+            target[dense[which], tokens] = -np.inf
+
+    def _apply_with_torch(self, logits: Any, rows: Sequence[int], vocab: int) -> None:
+        """The bits unpacked with numpy, one masked fill in torch (dtypes numpy has no view of)."""
         import numpy as np
         import torch
-        if len(rows) == 1:
-            allowed = np.unpackbits(self._words[rows[0]].view(np.uint8), bitorder="little", count=vocab)
-            logits[rows[0], :vocab].masked_fill_(torch.from_numpy(allowed) == 0, float("-inf"))
-            return
         allowed = np.unpackbits(self._words[list(rows)].view(np.uint8), axis=-1, bitorder="little",
                                 count=vocab)
         refused = torch.from_numpy(allowed) == 0
@@ -333,3 +396,23 @@ class MaskedBatch:
             bits[[token for token in stops if 0 <= token < self.vocab_size]] = 1
             words = self._stop_rows[stops] = np.packbits(bits, bitorder="little").view(np.int32)
         self._words[row] = words
+
+
+def _keep_only(target: Any, rows: Any, words: Any, vocab: int) -> None:
+    """Set ``target[row, :vocab]`` to -inf but for the tokens each row's bitmask ``words`` allows:
+    the allowed tokens are read from the non-zero words only, kept, the rows filled, put back."""
+    import numpy as np
+    which, columns = np.nonzero(words)
+    bits = np.unpackbits(np.ascontiguousarray(words[which, columns]).view(np.uint8).reshape(-1, 4),
+                         axis=1, bitorder="little")
+    word, bit = np.nonzero(bits)
+    tokens = columns[word] * 32 + bit
+    owners = rows[which[word]]
+    inside = tokens < vocab
+    tokens, owners = tokens[inside], owners[inside]
+    kept = target[owners, tokens]
+    if rows[-1] - rows[0] + 1 == len(rows):   # contiguous: one slice
+        target[rows[0]:rows[-1] + 1, :vocab] = -np.inf
+    else:
+        target[rows, :vocab] = -np.inf
+    target[owners, tokens] = kept
