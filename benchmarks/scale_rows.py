@@ -17,7 +17,10 @@ answer starts again as a new request (outside the timed part). What one step cos
   16 in a thread pool of min(cores / 2, 8) threads), then ``apply_grammar_bitmask``'s CPU part
   (the bitmask reordered to the batch, xgrammar's kernel);
 * split, mixed: the split with as many unconstrained rows interleaved (a batch of 2N, every other
-  row constrained).
+  row constrained);
+* grammar only (native, split): the same without applying the mask to the logits: what stays on
+  the CPU when the logits are on a GPU (there the mask is one xgrammar kernel on the device);
+* logits write: one write of -inf over the rows' logits, the floor of any mask applied on CPU.
 
 The paths are interleaved in every round, so machine noise hits them alike; the table reports the
 median step over all rounds, and each path's cost at N rows over its cost at one row.
@@ -53,7 +56,8 @@ from vllm_allowed_tools.decode.split import constraint_extra_args, split_tags  #
 from vllm_allowed_tools.decode.grammar import turn_tag  # noqa: E402
 from vllm_allowed_tools.decode.stage import read_extra_args  # noqa: E402
 
-PATHS = ("native", "own grammar", "split", "split, mixed")
+PATHS = ("native", "native, grammar only", "own grammar", "split", "split, grammar only",
+         "split, mixed", "logits write")
 SUBSETS = 8
 
 
@@ -98,9 +102,10 @@ class _OurStage:
     """Our logits processor's core: MaskedBatch over ``rows`` requests (``spread``: every other row
     of a batch twice the size, the rest unconstrained)."""
 
-    def __init__(self, requests: _Requests, rows: int, split: bool, spread: int = 1) -> None:
+    def __init__(self, requests: _Requests, rows: int, split: bool, spread: int = 1,
+                 grammar_only: bool = False) -> None:
         import torch
-        self.requests, self.split, self.spread = requests, split, spread
+        self.requests, self.split, self.spread, self.grammar_only = requests, split, spread, grammar_only
         self.rows = _Rows(requests, rows)
         self.batch = MaskedBatch(requests.grammars, requests.info.vocab_size, max_rows=rows * spread)
         self.logits = torch.zeros(rows * spread, requests.info.vocab_size)
@@ -135,15 +140,19 @@ class _OurStage:
 
     def step(self) -> None:
         self.batch.sync()
-        self.batch.apply(self.logits)
+        if self.grammar_only:      # what stays on the CPU when the logits are on a GPU
+            self.batch.prepare(self.logits.shape[0])
+        else:
+            self.batch.apply(self.logits)
 
 
 class _Native:
     """vLLM's structured-output path for ``rows`` requests, its own classes and thresholds."""
 
-    def __init__(self, requests: _Requests, rows: int) -> None:
+    def __init__(self, requests: _Requests, rows: int, grammar_only: bool = False) -> None:
         import torch
         import xgrammar as xgr
+        self.grammar_only = grammar_only
         from vllm.v1.structured_output.backend_xgrammar import XgrammarGrammar
         self.xgr, self.torch, self.grammar_class = xgr, torch, XgrammarGrammar
         self.requests = requests
@@ -193,6 +202,8 @@ class _Native:
                 future.result()
         else:
             self._fill(work)
+        if self.grammar_only:      # on a GPU the bitmask is copied over and applied by a kernel
+            return
         bitmask = self.bitmask.numpy()                       # apply_grammar_bitmask, CPU
         ordered = self.torch.full(tuple(self.bitmask.shape), -1, dtype=self.torch.int32)
         ordered_view = ordered.numpy()
@@ -201,10 +212,27 @@ class _Native:
         self.xgr.apply_token_bitmask_inplace(self.logits, ordered, indices=None)
 
 
+class _LogitsWrite:
+    """The floor of any CPU mask: one write of -inf over the rows' logits (numpy's memset)."""
+
+    def __init__(self, requests: _Requests, rows: int) -> None:
+        import numpy as np
+        self.logits = np.zeros((rows, requests.info.vocab_size), dtype=np.float32)
+
+    def advance(self) -> None:
+        pass
+
+    def step(self) -> None:
+        self.logits.fill(float("-inf"))
+
+
 def _make(path: str, requests: _Requests, rows: int):
-    if path == "native":
-        return _Native(requests, rows)
-    return _OurStage(requests, rows, split=path != "own grammar", spread=2 if path == "split, mixed" else 1)
+    if path.startswith("native"):
+        return _Native(requests, rows, grammar_only=path.endswith("grammar only"))
+    if path == "logits write":
+        return _LogitsWrite(requests, rows)
+    return _OurStage(requests, rows, split=path != "own grammar", spread=2 if path == "split, mixed" else 1,
+                     grammar_only=path.endswith("grammar only"))
 
 
 def bench_rows(row_counts: list[int], steps: int, rounds: int, vocabularies: list[str]) -> list[dict[str, Any]]:

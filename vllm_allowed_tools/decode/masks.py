@@ -11,115 +11,17 @@ manager does for the native stage, and its matcher starts from the token the gat
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..settings import current
-from .grammar import _LRU, tag_digest
-from .stage import ConstraintArgsError, GrammarText, RequestGrammar
+from .compiled import CompiledGrammars
+from .cpu_mask import apply_on_cpu
+from .stage import RequestGrammar
 
 logger = logging.getLogger(__name__)
 
-
-class CompiledGrammars:
-    """Compiled structural tags for one tokenizer, by tag digest (LRU).
-
-    Keyed by digest, not by the client-visible allowlist, so no request can plant a grammar under
-    another turn's key: the digest is checked against the text on every compile. A catalog's
-    grammar (:mod:`.split`) is compiled in a background thread the first time a request names it;
-    until it is ready, requests are constrained by their own whole grammar."""
-
-    def __init__(self, tokenizer_info: Any, capacity: int = 256, max_threads: int = 8,
-                 catalog_capacity: int = 16) -> None:
-        import xgrammar as xgr
-        self.tokenizer_info = tokenizer_info
-        # xgrammar's own cache keeps the pieces it compiled (each tool's argument schema, the
-        # envelopes' arguments), so later grammars of the same tools compile far faster; it takes
-        # the budget vLLM's xgrammar backend takes
-        self._compiler = xgr.GrammarCompiler(
-            tokenizer_info, max_threads=max_threads, cache_enabled=True,
-            cache_limit_bytes=current().xgrammar_cache_mb << 20)
-        self._cache = _LRU(capacity)
-        self._catalogs = _LRU(catalog_capacity)
-        self._catalog_jobs: dict[str, Future] = {}
-        self._catalog_lock = threading.Lock()
-        self._worker: ThreadPoolExecutor | None = None
-
-    def get(self, grammar: GrammarText) -> Any:
-        compiled = self._cache.get(grammar.digest)
-        if compiled is None:
-            compiled = self._compile(grammar)
-            self._cache.put(grammar.digest, compiled)
-        return compiled
-
-    def _compile(self, grammar: GrammarText) -> Any:
-        if tag_digest(grammar.tag_json) != grammar.digest:
-            raise ConstraintArgsError("structural tag digest mismatch")
-        return self._compiler.compile_structural_tag(grammar.tag_json)
-
-    def matchers(self, grammar: RequestGrammar, stop_token_ids: Sequence[int] = ()) -> tuple[Any, Any]:
-        """(matcher, envelope matcher or None) for a request: the catalog's matcher and the
-        subset's envelope when the catalog is compiled, else the request's whole grammar (and the
-        catalog is compiled in the background for the next request)."""
-        import xgrammar as xgr
-        stops = list(stop_token_ids) or None
-        if grammar.catalog is not None and grammar.envelope is not None:
-            catalog = self.catalog(grammar.catalog, wait=False)
-            if catalog is not None:
-                try:
-                    envelope = self.get(grammar.envelope)
-                except Exception:   # the whole grammar below still enforces the subset
-                    logger.exception("vllm-allowed-tools: could not compile an envelope grammar")
-                else:
-                    return (xgr.GrammarMatcher(catalog, override_stop_tokens=stops),
-                            xgr.GrammarMatcher(envelope, override_stop_tokens=stops))
-        return xgr.GrammarMatcher(self.get(grammar), override_stop_tokens=stops), None
-
-    def catalog(self, grammar: GrammarText, wait: bool = True) -> Any:
-        """The compiled catalog grammar; ``wait=False`` returns None while it is being compiled in
-        the background (starting that on first sight)."""
-        compiled = self._catalogs.get(grammar.digest)
-        if compiled is not None:
-            return compiled
-        with self._catalog_lock:
-            job = self._catalog_jobs.get(grammar.digest)
-            if job is None:
-                if self._worker is None:
-                    self._worker = ThreadPoolExecutor(1, thread_name_prefix="allowed-tools-catalog")
-                job = self._catalog_jobs[grammar.digest] = self._worker.submit(self._compile_catalog, grammar)
-        if not wait and not job.done():
-            return None
-        try:
-            return job.result()
-        except Exception:   # logged by the worker; such a catalog is never used
-            return None
-
-    def _compile_catalog(self, grammar: GrammarText) -> Any:
-        started = time.perf_counter()
-        try:
-            compiled = self._compile(grammar)
-        except Exception:
-            logger.exception("vllm-allowed-tools: could not compile a catalog grammar; its requests "
-                             "keep their own grammars")
-            raise
-        self._catalogs.put(grammar.digest, compiled)
-        with self._catalog_lock:
-            self._catalog_jobs.pop(grammar.digest, None)
-        # under vLLM's own logger, so the line shows in the engine's log
-        logging.getLogger("vllm.allowed_tools").info(
-            "vllm-allowed-tools: compiled a catalog grammar (%d KB) in %.2f s; new allowed subsets "
-            "of it compile only their envelope", len(grammar.tag_json) // 1024,
-            time.perf_counter() - started)
-        return compiled
-
-    @property
-    def stats(self) -> tuple[int, int, int]:
-        """(hits, misses, entries)."""
-        return self._cache.hits, self._cache.misses, len(self._cache)
+__all__ = ["CompiledGrammars", "MaskedBatch", "ReasoningGate"]
 
 
 class ReasoningGate(Protocol):
@@ -145,6 +47,8 @@ class _Row:
     envelope: Any = None               # the subset's envelope, when ``matcher`` is the catalog's
     reasoning: bool = False            # unconstrained until the gate sees reasoning end
     prompt_ids: Sequence[int] = ()     # for the gate, while reasoning
+    grammar: RequestGrammar | None = None   # a split row's: its own grammar replaces the two
+    start: int = 0                     # where in ``output_ids`` the grammar started
 
 
 class MaskedBatch:
@@ -198,7 +102,8 @@ class MaskedBatch:
         reasoning = self.reasoning is not None and not self.reasoning.ended_in_prompt(prompt_ids or ())
         self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
                               stop_token_ids=tuple(stop_token_ids), envelope=envelope,
-                              reasoning=reasoning, prompt_ids=(prompt_ids or ()) if reasoning else ())
+                              reasoning=reasoning, prompt_ids=(prompt_ids or ()) if reasoning else (),
+                              grammar=grammar if envelope is not None and self.grammars.upgrade else None)
 
     def remove(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -226,6 +131,8 @@ class MaskedBatch:
             new = len(output) - state.consumed
             if new <= 0:
                 continue
+            if state.grammar is not None and not state.failed:
+                self._upgrade(state)
             if new == 1 and not state.failed:
                 token = output[state.consumed]
                 if token < 0:          # a placeholder not yet filled in (async scheduling)
@@ -251,6 +158,23 @@ class MaskedBatch:
                 state.failed = True
                 logger.error("vllm-allowed-tools: the grammar refused token %d; the request may "
                              "only stop now", token)
+
+    def _upgrade(self, state: _Row) -> None:
+        """A split row continues on its subset's own grammar once that is compiled: a new matcher
+        replays the row's tokens so far, then replaces the catalog's and the envelope's (the same
+        language: :mod:`.split`), so later steps fill one mask, not two."""
+        compiled = self.grammars.ready(state.grammar)
+        if compiled is None:
+            return
+        import xgrammar as xgr
+        state.grammar = None
+        matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(state.stop_token_ids) or None)
+        for token in state.output_ids[state.start:state.consumed]:
+            if matcher.is_terminated() or not matcher.accept_token(int(token)):
+                logger.warning("vllm-allowed-tools: a subset's own grammar refused a token its "
+                               "split admitted; the row keeps the split")
+                return
+        state.matcher, state.envelope = matcher, None
 
     def _replay(self, state: _Row) -> None:
         """Several new tokens of one row, one at a time."""
@@ -281,7 +205,7 @@ class MaskedBatch:
         if start is None:
             state.consumed = stop
             return False
-        state.consumed, state.reasoning, state.prompt_ids = start, False, ()
+        state.consumed, state.reasoning, state.prompt_ids, state.start = start, False, (), start
         return True
 
     def apply(self, logits: Any) -> Any:
@@ -289,6 +213,22 @@ class MaskedBatch:
         if not self.rows:
             return logits
         batch = logits.shape[0]
+        masked = self.prepare(batch)
+        if not masked:
+            return logits
+        vocab = min(self.vocab_size, logits.shape[-1])
+        if logits.device.type == "cpu":
+            self._apply_on_cpu(logits, masked, vocab)
+        else:
+            import xgrammar as xgr
+            xgr.apply_token_bitmask_inplace(logits, self._bitmask[:batch].to(logits.device, non_blocking=True),
+                                            vocab_size=vocab, indices=masked)
+        return logits
+
+    def prepare(self, batch: int) -> list[int]:
+        """Fill the bitmask of every constrained row below ``batch``; the rows (sorted) whose
+        logits must be masked. The grammar's share of a step, what stays on the CPU when the
+        logits are on a GPU (``benchmarks/scale_rows.py`` times it on its own)."""
         bitmask = self._bitmask
         masked, live_rows, live_matchers, envelope_rows, envelopes = [], [], [], [], []
         for row, state in self.rows.items():
@@ -312,17 +252,8 @@ class MaskedBatch:
             if envelopes:   # names from the subset, arguments from the tool's schema (:mod:`.split`)
                 self._words[envelope_rows] &= self._all_words[[self.max_rows + row for row in envelope_rows]]
             masked += self._not_open(live_rows)
-        if not masked:
-            return logits
         masked.sort()
-        vocab = min(self.vocab_size, logits.shape[-1])
-        if logits.device.type == "cpu":
-            self._apply_on_cpu(logits, masked, vocab)
-        else:
-            import xgrammar as xgr
-            xgr.apply_token_bitmask_inplace(logits, bitmask[:batch].to(logits.device, non_blocking=True),
-                                            vocab_size=vocab, indices=masked)
-        return logits
+        return masked
 
     def _fill(self, matchers: list[Any], rows: list[int]) -> None:
         """Fill the rows' masks: one call for several rows, filled in parallel by xgrammar."""
@@ -346,44 +277,8 @@ class MaskedBatch:
         return [row for row, is_open in zip(rows, open_rows.tolist()) if not is_open]
 
     def _apply_on_cpu(self, logits: Any, rows: Sequence[int], vocab: int) -> None:
-        """Mask ``rows`` (sorted) of CPU logits below ``vocab``, all rows in a few numpy operations.
-
-        xgrammar 0.2.8's CPU kernel takes about 0.5 ms a row at a 150K vocabulary, and torch's
-        element-wise ops on a busy 2-core machine stall on their thread pool, so the masks are
-        applied through a numpy view of the logits: a row that allows a few tokens (most steps of
-        a call) keeps them and is filled with -inf (a memset); the others unpack their refused bits
-        and set those. Logits numpy cannot view (bfloat16) go through torch."""
-        import numpy as np
-        try:
-            target = logits.detach().numpy()
-        except (TypeError, RuntimeError):
-            self._apply_with_torch(logits, rows, vocab)
-            return
-        rows_array = np.asarray(rows, dtype=np.int64)
-        words = self._words[rows_array]
-        sparse = np.count_nonzero(words, axis=1) <= words.shape[1] * self.SPARSE_WORDS_SHARE
-        if sparse.any():
-            _keep_only(target, rows_array[sparse], words[sparse], vocab)
-        if not sparse.all():
-            dense = rows_array[~sparse]
-            refused = np.unpackbits((~words[~sparse]).view(np.uint8), axis=-1, bitorder="little",
-                                    count=vocab)
-            which, tokens = np.nonzero(refused)
-            target[dense[which], tokens] = -np.inf
-
-    def _apply_with_torch(self, logits: Any, rows: Sequence[int], vocab: int) -> None:
-        """The bits unpacked with numpy, one masked fill in torch (dtypes numpy has no view of)."""
-        import numpy as np
-        import torch
-        allowed = np.unpackbits(self._words[list(rows)].view(np.uint8), axis=-1, bitorder="little",
-                                count=vocab)
-        refused = torch.from_numpy(allowed) == 0
-        first = rows[0]
-        if list(rows) == list(range(first, first + len(rows))):
-            logits[first:first + len(rows), :vocab].masked_fill_(refused, float("-inf"))
-        else:
-            index = torch.tensor(list(rows))
-            logits[index, :vocab] = logits[index, :vocab].masked_fill(refused, float("-inf"))
+        """Mask ``rows`` (sorted) of CPU logits below ``vocab`` (:func:`.cpu_mask.apply_on_cpu`)."""
+        apply_on_cpu(logits, self._words, rows, vocab, self.SPARSE_WORDS_SHARE)
 
     def _stop_only(self, row: int, state: _Row) -> None:
         """Only the request's stop tokens (a finished grammar, or one that refused a token); the
@@ -397,22 +292,3 @@ class MaskedBatch:
             words = self._stop_rows[stops] = np.packbits(bits, bitorder="little").view(np.int32)
         self._words[row] = words
 
-
-def _keep_only(target: Any, rows: Any, words: Any, vocab: int) -> None:
-    """Set ``target[row, :vocab]`` to -inf but for the tokens each row's bitmask ``words`` allows:
-    the allowed tokens are read from the non-zero words only, kept, the rows filled, put back."""
-    import numpy as np
-    which, columns = np.nonzero(words)
-    bits = np.unpackbits(np.ascontiguousarray(words[which, columns]).view(np.uint8).reshape(-1, 4),
-                         axis=1, bitorder="little")
-    word, bit = np.nonzero(bits)
-    tokens = columns[word] * 32 + bit
-    owners = rows[which[word]]
-    inside = tokens < vocab
-    tokens, owners = tokens[inside], owners[inside]
-    kept = target[owners, tokens]
-    if rows[-1] - rows[0] + 1 == len(rows):   # contiguous: one slice
-        target[rows[0]:rows[-1] + 1, :vocab] = -np.inf
-    else:
-        target[rows, :vocab] = -np.inf
-    target[owners, tokens] = kept
