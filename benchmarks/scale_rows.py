@@ -9,16 +9,19 @@ schemas), replaying an ``auto`` answer (a sentence, then a call) from its own of
 holds rows in free text, in a call's name and in its arguments at once; a row that finishes its
 answer starts again as a new request (outside the timed part). What one step costs, timed:
 
-* own grammar / split: :class:`MaskedBatch` ``sync()`` + ``apply()`` on CPU logits, as our logits
-  processor runs each step (the split: catalog grammar AND the subset's envelope);
+* ours: :class:`MaskedBatch` ``sync()`` + ``apply()`` on CPU logits, as our logits processor runs
+  each step, every row on its subset's own grammar (a split row moves to it once it is compiled,
+  in the background);
+* split: the same, every row kept on the catalog's grammar AND its subset's envelope (a subset's
+  first steps, before its own grammar is compiled);
 * native: vLLM 0.32's structured-output path, its parts called as vLLM calls them: each row's
   ``XgrammarGrammar.accept_tokens`` (the scheduler, per request), the bitmask fill as
   ``StructuredOutputManager.grammar_bitmask`` runs it (serial up to 128 rows, above that batches of
   16 in a thread pool of min(cores / 2, 8) threads), then ``apply_grammar_bitmask``'s CPU part
   (the bitmask reordered to the batch, xgrammar's kernel);
-* split, mixed: the split with as many unconstrained rows interleaved (a batch of 2N, every other
-  row constrained);
-* grammar only (native, split): the same without applying the mask to the logits: what stays on
+* ours, mixed: with as many unconstrained rows interleaved (a batch of 2N, every other row
+  constrained);
+* grammar only (native, ours, split): the same without applying the mask to the logits: what stays on
   the CPU when the logits are on a GPU (there the mask is one xgrammar kernel on the device);
 * logits write: one write of -inf over the rows' logits, the floor of any mask applied on CPU.
 
@@ -56,8 +59,8 @@ from vllm_allowed_tools.decode.split import constraint_extra_args, split_tags  #
 from vllm_allowed_tools.decode.grammar import turn_tag  # noqa: E402
 from vllm_allowed_tools.decode.stage import read_extra_args  # noqa: E402
 
-PATHS = ("native", "native, grammar only", "own grammar", "split", "split, grammar only",
-         "split, mixed", "logits write")
+PATHS = ("native", "native, grammar only", "ours", "ours, grammar only", "ours, mixed",
+         "split", "split, grammar only", "logits write")
 SUBSETS = 8
 
 
@@ -69,6 +72,7 @@ class _Requests:
         catalog = rich_functions(catalog_size, seed=catalog_size)
         self.info = info
         self.grammars = CompiledGrammars(info)
+        self.split_grammars = CompiledGrammars(info, upgrade=False)   # a split row that stays split
         self.whole, self.split, self.answers = [], [], []
         for index in range(SUBSETS):
             subset = rng.sample(catalog, allowed)
@@ -79,10 +83,11 @@ class _Requests:
             self.split.append(read_extra_args(constraint_extra_args(
                 tag, split_tags("hermes", catalog, subset, **common))))
             self.answers.append(encode(_answer(subset, rng)))
-        self.grammars.catalog(self.split[0].catalog)          # compiled before anything is timed
-        for whole, split in zip(self.whole, self.split):
-            self.grammars.get(whole)
-            self.grammars.get(split.envelope)
+        for grammars in (self.grammars, self.split_grammars):   # compiled before anything is timed
+            grammars.catalog(self.split[0].catalog)
+            for whole, split in zip(self.whole, self.split):
+                grammars.get(whole)
+                grammars.get(split.envelope)
         self.stops = list(info.stop_token_ids)
 
 
@@ -107,7 +112,8 @@ class _OurStage:
         import torch
         self.requests, self.split, self.spread, self.grammar_only = requests, split, spread, grammar_only
         self.rows = _Rows(requests, rows)
-        self.batch = MaskedBatch(requests.grammars, requests.info.vocab_size, max_rows=rows * spread)
+        grammars = requests.split_grammars if split else requests.grammars
+        self.batch = MaskedBatch(grammars, requests.info.vocab_size, max_rows=rows * spread)
         self.logits = torch.zeros(rows * spread, requests.info.vocab_size)
         self.outputs: list[list[int]] = []
         for row in range(rows):
@@ -118,7 +124,7 @@ class _OurStage:
                 self.batch.add(slot, None, [], [])
 
     def _grammar(self, row: int):
-        source = self.requests.split if self.split else self.requests.whole
+        source = self.requests.split
         return source[self.rows.subset[row]]
 
     def _start(self, row: int) -> None:
@@ -231,8 +237,8 @@ def _make(path: str, requests: _Requests, rows: int):
         return _Native(requests, rows, grammar_only=path.endswith("grammar only"))
     if path == "logits write":
         return _LogitsWrite(requests, rows)
-    return _OurStage(requests, rows, split=path != "own grammar", spread=2 if path == "split, mixed" else 1,
-                     grammar_only=path.endswith("grammar only"))
+    return _OurStage(requests, rows, split=path.startswith("split"),
+                     spread=2 if path.endswith("mixed") else 1, grammar_only=path.endswith("grammar only"))
 
 
 def bench_rows(row_counts: list[int], steps: int, rounds: int, vocabularies: list[str]) -> list[dict[str, Any]]:
