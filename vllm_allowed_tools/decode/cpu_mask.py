@@ -15,8 +15,10 @@ from typing import Any
 
 
 #: below this many logits to mask (a row of a small vocabulary), torch's one masked fill is cheaper
-#: than the numpy calls (measured by benchmarks/scale_rows.py at 2K: 25 against 75 µs a step)
-SMALL_MASK_ENTRIES = 1 << 16
+#: than the numpy calls (measured at 2K: 25 against 75 µs a step); kept under torch's grain size
+#: (32,768 elements), above which its ops go to its thread pool, which stalls for milliseconds on
+#: a busy machine (benchmarks/scale_rows.py saw 30 ms steps at 16 rows of 2K)
+SMALL_MASK_ENTRIES = (1 << 15) - 1
 
 
 def apply_on_cpu(logits: Any, words: Any, rows: Sequence[int], vocab: int, sparse_share: float) -> None:
