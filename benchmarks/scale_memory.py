@@ -1,7 +1,7 @@
 """Memory of the built-tag cache (API server) and the compiled-grammar cache (engine) as distinct
 catalogs and subsets grow (up to 1,000), with and without the bounds the caches enforce.
 
-    python benchmarks/scale_memory.py [--catalogs 10,100,1000] [--large 10,30,100] [--json OUT] [--plot PNG]
+    python benchmarks/scale_memory.py [--catalogs 10,100,1000] [--large 10,30,100,250] [--json OUT] [--plot PNG]
 
 * built tags: one 16-tool MCP-shaped catalog (benchmarks/mcp_tools.py, names made distinct per
   catalog) per step, two allowed subsets of 4 each, through ``turn_tag`` as the API server builds
@@ -147,7 +147,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--catalogs", default="10,100,1000")
-    parser.add_argument("--large", default="10,30,100", help="catalogs compiled at the 150K vocabulary")
+    parser.add_argument("--large", default="10,30,100,250", help="catalogs compiled at the 150K vocabulary")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--plot", type=Path)
     args = parser.parse_args()
