@@ -1,6 +1,7 @@
-"""The logits-processor stage's core, without vLLM: compiled structural tags cached per tokenizer,
-and one xgrammar matcher per constrained batch row masking that row's logits (two for a split
-grammar, the catalog's and the envelope's, their masks ANDed: :mod:`.split`).
+"""The logits-processor stage's core, without vLLM: one xgrammar matcher per constrained batch row
+masking that row's logits (two for a split grammar, the catalog's and the envelope's, their masks
+ANDed: :mod:`.split`), every step's work batched over the rows; the compiled grammars are
+:mod:`.compiled`'s (re-exported here), the CPU masking :mod:`.cpu_mask`'s.
 
 The vLLM adapter (``vllm_glue/logits_processor.py``) only translates vLLM's batch updates into
 :meth:`MaskedBatch.add`, :meth:`~MaskedBatch.remove` and :meth:`~MaskedBatch.move`, and, when the
