@@ -49,6 +49,8 @@ def serve(model: Path, stage: str, dry_run: bool, log_dir: Path, timeout: float)
     if not dry_run:
         sizes += ["--dtype", "bfloat16", "--max-num-seqs", "64", "--gpu-memory-utilization", "0.85"]
         env["VLLM_TARGET_DEVICE"] = "cuda"   # the helpers' default is the CPU build's
+        # our logits processor runs on the V1 model runner only; both stages on it, like for like
+        env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     return start_server(model, one_flag=True, chat_template=model / "chat_template.jinja",
                         extra_args=["--load-format", "dummy", "--enable-prefix-caching", *sizes],
                         env=env, log_path=log_dir / f"serve-{stage}.log", timeout=timeout,
