@@ -289,3 +289,20 @@ def test_no_split_without_an_allowed_tool_or_for_another_tag():
     assert split_for_request("hermes", other.json, catalog, catalog[:1], **common) is None
     assert split_for_request("hermes", "not json", catalog, catalog[:1], **common) is None
     assert split_for_request("hermes", whole.json, catalog, catalog[:1], **common) is not None
+
+
+def test_a_full_background_queue_leaves_new_subsets_on_their_split():
+    """Past ``PENDING_LIMIT`` waiting compiles no subset's own grammar is queued: its rows keep the
+    catalog and the envelope (which admit the same), so a burst of new subsets cannot queue without
+    end."""
+    catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta", "gamma")]
+    common = dict(catalog_digest="queue-catalog", allowlist_digest="queue-subset", mode="auto",
+                  parallel_tool_calls=True)
+    grammar = read_extra_args(constraint_extra_args(turn_tag("hermes", catalog[:1], **common),
+                                                    split_tags("hermes", catalog, catalog[:1], **common)))
+    grammars = CompiledGrammars(INFO)
+    grammars.catalog(grammar.catalog)
+    grammars.PENDING_LIMIT = 0
+    assert grammars.matchers(grammar)[1] is not None
+    grammars._worker.submit(lambda: None).result()      # anything queued before has run
+    assert grammars.ready(grammar) is None and grammars.matchers(grammar)[1] is not None

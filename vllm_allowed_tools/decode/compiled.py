@@ -33,6 +33,10 @@ class CompiledGrammars:
     are any JSON, is the costly part of a step at large vocabularies, so once the subset's grammar
     is ready the row continues on it alone (:meth:`MaskedBatch.sync`), which admits the same."""
 
+    #: at most this many compiles wait for the background thread: past it, new subsets' rows stay
+    #: on their split (a burst of first-seen subsets must not queue compiles without end)
+    PENDING_LIMIT = 64
+
     def __init__(self, tokenizer_info: Any, capacity: int | None = None, max_threads: int = 8,
                  catalog_capacity: int | None = None, max_bytes: int | None = None,
                  upgrade: bool = True) -> None:
@@ -88,7 +92,7 @@ class CompiledGrammars:
                 except Exception:   # the whole grammar below still enforces the subset
                     logger.exception("vllm-allowed-tools: could not compile an envelope grammar")
                 else:
-                    if self.upgrade:
+                    if self.upgrade and len(self._jobs) < self.PENDING_LIMIT:
                         self._in_background(grammar, self._compile_own)
                     return (xgr.GrammarMatcher(catalog, override_stop_tokens=stops),
                             xgr.GrammarMatcher(envelope, override_stop_tokens=stops))
