@@ -295,7 +295,8 @@ def test_a_full_background_queue_leaves_new_subsets_on_their_split():
     """Past ``PENDING_LIMIT`` waiting compiles no subset's own grammar is queued: its rows keep the
     catalog and the envelope (which admit the same), so a burst of new subsets cannot queue without
     end."""
-    catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta", "gamma")]
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    catalog = [AllowedFunction(name, schema, True) for name in ("alpha", "beta", "gamma")]
     common = dict(catalog_digest="queue-catalog", allowlist_digest="queue-subset", mode="auto",
                   parallel_tool_calls=True)
     grammar = read_extra_args(constraint_extra_args(turn_tag("hermes", catalog[:1], **common),
