@@ -138,6 +138,17 @@ def prompt_reuse(url: str, rng: random.Random, turns: int) -> float:
     return cached / prompt if prompt else float("nan")
 
 
+def _wait_for_catalog(server: TinyServer, timeout: float) -> None:
+    """Until the engine logged the catalog's compile (started by the first constrained request), so
+    the split's new subsets compile only their envelopes."""
+    deadline = time.monotonic() + timeout
+    while "compiled a catalog grammar" not in server.log_path.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the catalog grammar was not compiled in {timeout:.0f} s:\n"
+                               + server.log_tail())
+        time.sleep(0.5)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gpu-run-"))
     started = time.perf_counter()
@@ -156,6 +167,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ["logits processor", "split"] + (["unconstrained"] if args.dry_run else [])
             for batch in args.batches:
                 for variant in variants:
+                    if variant == "split":
+                        _wait_for_catalog(server, args.start_timeout)
                     results["decode"][(variant, batch)] = decode_throughput(url, variant, batch, args.tokens, rng)
             name = "native" if stage == "native" else "split"
             results["ttft_ms"][name] = first_seen_ttft(url, rng, args.ttft_samples)
