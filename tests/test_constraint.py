@@ -19,6 +19,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 torch = pytest.importorskip("torch")
 xgr = pytest.importorskip("xgrammar")
 
+from vllm_allowed_tools.decode import cpu_mask
 from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
 from vllm_allowed_tools.decode.stage import (
     XARGS_DIGEST,
@@ -265,21 +266,27 @@ def test_batch_bookkeeping_matches_a_reference(grammars, operations):
     assert {row: id(state.output_ids) for row, state in batch.rows.items()} == reference
 
 
-@settings(max_examples=80, deadline=None)
-@given(vocab=st.integers(1, 300), rows=st.integers(1, 4), data=st.data())
-def test_cpu_mask_matches_the_bitmask_semantics(grammars, vocab, rows, data):
-    """Our CPU bitmask application (numpy unpacking, all-allowed rows skipped) masks exactly the
-    tokens whose bit is 0, in the listed rows, below ``vocab``: partial last words, all-ones rows and
-    padded logits included. (xgrammar 0.2.8's own CPU kernel writes past a row's end when the row
-    is narrower than its last bitmask word, so the reference is the documented rule itself.)"""
+@settings(max_examples=120, deadline=None)
+@given(vocab=st.integers(1, 300), rows=st.integers(1, 4), data=st.data(),
+       share=st.sampled_from([0.0, MaskedBatch.SPARSE_WORDS_SHARE, 1.0]),
+       dtype=st.sampled_from([torch.float32, torch.float32, torch.bfloat16]),
+       small=st.sampled_from([0, cpu_mask.SMALL_MASK_ENTRIES]))
+def test_cpu_mask_matches_the_bitmask_semantics(grammars, vocab, rows, data, share, dtype, small):
+    """Our CPU bitmask application (numpy, all-allowed rows skipped) masks exactly the tokens whose
+    bit is 0, in the listed rows, below ``vocab``: partial last words, all-ones rows, padded logits,
+    rows not next to each other, small masks (torch) and large ones (numpy), both ways of masking a row (keeping its few allowed tokens:
+    ``share`` 1.0; unpacking its refused bits: 0.0) and logits numpy cannot view (bfloat16)
+    included. (xgrammar 0.2.8's own CPU kernel writes past a row's end when the row is narrower
+    than its last bitmask word, so the reference is the documented rule itself.)"""
     batch = MaskedBatch(grammars, vocab, max_rows=rows)
+    batch.SPARSE_WORDS_SHARE = share
     words = batch._bitmask.shape[1]
     for row in range(rows):
         values = data.draw(st.lists(st.sampled_from([-1, 0, 1, -2 ** 31, 2 ** 31 - 1, 12345, -7]),
                                     min_size=words, max_size=words))
         batch._bitmask[row] = torch.tensor(values, dtype=torch.int32)
     indices = sorted(data.draw(st.sets(st.integers(0, rows - 1), min_size=1)))
-    logits = torch.randn(rows, vocab + data.draw(st.integers(0, 40)))   # padded vocabulary
+    logits = torch.randn(rows, vocab + data.draw(st.integers(0, 40))).to(dtype)   # padded vocabulary
     expected = logits.clone()
     for row in indices:
         for token in range(vocab):
@@ -290,5 +297,9 @@ def test_cpu_mask_matches_the_bitmask_semantics(grammars, vocab, rows, data):
                      for token in range(vocab))]
     assert batch._not_open(list(indices)) == masked
     if masked:
-        batch._apply_on_cpu(logits, masked, vocab)
+        saved, cpu_mask.SMALL_MASK_ENTRIES = cpu_mask.SMALL_MASK_ENTRIES, small   # 0: numpy always
+        try:
+            batch._apply_on_cpu(logits, masked, vocab)
+        finally:
+            cpu_mask.SMALL_MASK_ENTRIES = saved
     assert torch.equal(logits, expected)

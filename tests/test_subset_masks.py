@@ -11,6 +11,7 @@ are drawn from the allowed ones with a bias towards markup, so answers reach nam
 from __future__ import annotations
 
 import random
+import threading
 import string
 
 import pytest
@@ -44,7 +45,7 @@ def _vocabulary():
 
 
 INFO, VOCAB = _vocabulary()
-GRAMMARS = CompiledGrammars(INFO, capacity=64, catalog_capacity=64)
+GRAMMARS = CompiledGrammars(INFO, capacity=64, catalog_capacity=64, upgrade=False)   # splits stay split
 
 SCHEMA_PARTS = {
     "path": {"type": "string"},
@@ -168,19 +169,69 @@ def test_answers_reach_calls():
 
 def test_a_new_catalog_keeps_the_whole_grammar_until_compiled():
     """The first request of a catalog is constrained by its own grammar while the catalog compiles
-    in the background; once compiled, the next request gets the catalog and its envelope."""
+    in the background; once compiled, a new subset's request gets the catalog and its envelope,
+    and a subset whose own grammar is compiled gets that alone."""
     catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta", "gamma")]
-    common = dict(catalog_digest="a-new-catalog", allowlist_digest="beta", mode="auto",
-                  parallel_tool_calls=True)
-    whole = turn_tag("hermes", catalog[1:2], **common)
-    split = split_tags("hermes", catalog, catalog[1:2], **common)
     grammars = CompiledGrammars(INFO)
-    grammar = read_extra_args(constraint_extra_args(whole, split))
+
+    def request(allowed):
+        common = dict(catalog_digest="a-new-catalog", allowlist_digest="+".join(f.name for f in allowed),
+                      mode="auto", parallel_tool_calls=True)
+        return read_extra_args(constraint_extra_args(turn_tag("hermes", allowed, **common),
+                                                     split_tags("hermes", catalog, allowed, **common)))
+
+    grammar = request(catalog[1:2])
     _, envelope = grammars.matchers(grammar)
     assert envelope is None
     assert grammars.catalog(grammar.catalog) is not None        # waits for the background compile
-    _, envelope = grammars.matchers(grammar)
+    _, envelope = grammars.matchers(request(catalog[:2]))
     assert envelope is not None
+    _, envelope = grammars.matchers(grammar)                     # its own grammar is compiled
+    assert envelope is None
+
+
+def test_a_split_row_continues_on_its_own_grammar_once_compiled():
+    """A row that starts on the catalog and its envelope moves to its subset's own grammar when the
+    background compile finishes, mid-answer, and masks exactly as before."""
+    catalog = [AllowedFunction(name, {"type": "object", "properties": {"path": {"type": "string"}},
+                                      "required": ["path"], "additionalProperties": False}, True)
+               for name in NAMES[:4]]
+    allowed = catalog[1:3]
+    common = dict(catalog_digest="upgrade-catalog", allowlist_digest="upgrade-subset", mode="required",
+                  parallel_tool_calls=False)
+    whole = turn_tag("hermes", allowed, **common)
+    split = split_tags("hermes", catalog, allowed, **common)
+    grammars = CompiledGrammars(INFO)
+    grammars.catalog(read_extra_args(constraint_extra_args(whole, split)).catalog)
+    reference = CompiledGrammars(INFO, upgrade=False)
+    hold = threading.Event()     # the background thread waits, so the compile lands at step 2
+    grammars._worker.submit(hold.wait)
+    upgraded = MaskedBatch(grammars, len(VOCAB), max_rows=1)
+    plain = MaskedBatch(reference, len(VOCAB), max_rows=1)
+    outputs: tuple[list[int], list[int]] = ([], [])
+    upgraded.add(0, read_extra_args(constraint_extra_args(whole, split)), outputs[0])
+    plain.add(0, read_extra_args(constraint_extra_args(whole)), outputs[1])
+    assert upgraded.rows[0].envelope is not None
+    rng, moved_at = random.Random(3), None
+    for step in range(60):
+        upgraded.sync()
+        plain.sync()
+        if moved_at is None and upgraded.rows[0].envelope is None:
+            moved_at = step
+        if plain.rows[0].matcher.is_terminated():
+            assert upgraded.rows[0].matcher.is_terminated()
+            break
+        masks = [torch.zeros(1, len(VOCAB)), torch.zeros(1, len(VOCAB))]
+        upgraded.apply(masks[0])
+        plain.apply(masks[1])
+        assert torch.equal(torch.isinf(masks[0]), torch.isinf(masks[1]))
+        token = _pick(rng, torch.nonzero(~torch.isinf(masks[1][0])).flatten().tolist(), step)
+        outputs[0].append(token)
+        outputs[1].append(token)
+        if step == 2:   # the background compile of the subset's own grammar, finished now
+            hold.set()
+            grammars._in_background(upgraded.rows[0].grammar, grammars._compile_own).result()
+    assert moved_at == 3 and not upgraded.rows[0].failed
 
 
 def test_a_catalog_that_does_not_hash_to_its_digest_is_never_used():
@@ -238,3 +289,21 @@ def test_no_split_without_an_allowed_tool_or_for_another_tag():
     assert split_for_request("hermes", other.json, catalog, catalog[:1], **common) is None
     assert split_for_request("hermes", "not json", catalog, catalog[:1], **common) is None
     assert split_for_request("hermes", whole.json, catalog, catalog[:1], **common) is not None
+
+
+def test_a_full_background_queue_leaves_new_subsets_on_their_split():
+    """Past ``PENDING_LIMIT`` waiting compiles no subset's own grammar is queued: its rows keep the
+    catalog and the envelope (which admit the same), so a burst of new subsets cannot queue without
+    end."""
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}
+    catalog = [AllowedFunction(name, schema, True) for name in ("alpha", "beta", "gamma")]
+    common = dict(catalog_digest="queue-catalog", allowlist_digest="queue-subset", mode="auto",
+                  parallel_tool_calls=True)
+    grammar = read_extra_args(constraint_extra_args(turn_tag("hermes", catalog[:1], **common),
+                                                    split_tags("hermes", catalog, catalog[:1], **common)))
+    grammars = CompiledGrammars(INFO)
+    grammars.catalog(grammar.catalog)
+    grammars.PENDING_LIMIT = 0
+    assert grammars.matchers(grammar)[1] is not None
+    grammars._worker.submit(lambda: None).result()      # anything queued before has run
+    assert grammars.ready(grammar) is None and grammars.matchers(grammar)[1] is not None

@@ -206,6 +206,18 @@ class Settings(BaseSettings):
     xgrammar_cache_mb: WholeNumber = _field("VLLM_XGRAMMAR_CACHE_MB", (
         "vLLM's: the logits-processor stage gives its xgrammar compiler the cache budget vLLM's "
         "xgrammar backend takes (megabytes)."), 512)
+    tag_cache_entries: WholeNumber = _field("VLLM_ALLOWED_TOOLS_TAG_CACHE_ENTRIES", (
+        "The most built structural tags the API server keeps (one per catalog, subset and mode "
+        "seen; least recently used go first)."), 512)
+    tag_cache_mb: WholeNumber = _field("VLLM_ALLOWED_TOOLS_TAG_CACHE_MB", (
+        "The most memory (megabytes, estimated from each tag's JSON) the built tags take; the "
+        "least recently used go first (docs/benchmarks.md has the growth)."), 64)
+    grammar_cache_entries: WholeNumber = _field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_ENTRIES", (
+        "The most compiled grammars (subsets, envelopes, catalogs) the logits-processor stage "
+        "keeps per tokenizer."), 256)
+    grammar_cache_mb: WholeNumber = _field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_MB", (
+        "The most memory (megabytes, xgrammar's own count) those compiled grammars take per "
+        "tokenizer: one takes 2-15 MB at a 150K vocabulary."), 512)
     api_key_set: Annotated[bool, BeforeValidator(_present)] = _field("VLLM_API_KEY", (
         "vLLM's API key (the plugin reads only whether one is set): vLLM's authentication must "
         "run before the middleware, or the server does not start."), False, shown="unset")

@@ -9,8 +9,6 @@ and agent clients repeat the same turn. What each mode admits: docs/decode-path.
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -27,6 +25,7 @@ from xgrammar.structural_tag import (
 from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
 from .custom_inputs import marked, with_custom_inputs
 from .json_string import ebnf_text
+from .lru import LRU as _LRU
 from .stage import tag_digest
 from .vllm_builder import vllm_tag_builder
 
@@ -282,42 +281,18 @@ def built(tag: StructuralTag) -> BuiltTag:
     return BuiltTag(tag=tag, json=text, digest=tag_digest(text))
 
 
-class _LRU:
-    """A small thread-safe LRU map (the API server builds tags from several threads)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                self.hits += 1
-                return self._items[key]
-            self.misses += 1
-            return None
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
+#: a built tag's memory per character of its JSON (the StructuralTag's pydantic objects and the
+#: JSON text; measured with tracemalloc by benchmarks/scale_memory.py)
+TAG_BYTES_PER_JSON_CHAR = 7
 
 
-_TAGS = _LRU(capacity=512)
+def _tag_cache_limits() -> tuple[int, int | None]:
+    from ..settings import current
+    settings = current()
+    return settings.tag_cache_entries, settings.tag_cache_mb << 20
+
+
+_TAGS = _LRU(limits=_tag_cache_limits)
 _NONE = object()
 
 
@@ -334,7 +309,8 @@ def cached_subset_tag(key: GrammarKey,
                                parallel_tool_calls=key.parallel_tool_calls,
                                strict_level=key.strict_level, max_whitespace=key.max_whitespace)
     result = built(tag) if tag is not None else None
-    _TAGS.put(key, _NONE if result is None else result)
+    _TAGS.put(key, _NONE if result is None else result,
+              0 if result is None else len(result.json) * TAG_BYTES_PER_JSON_CHAR)
     return result
 
 
@@ -377,6 +353,11 @@ def turn_tag(wire_format: str, functions: Sequence[AllowedFunction], *, catalog_
 def tag_cache_stats() -> tuple[int, int, int]:
     """(hits, misses, entries) of the built-tag cache."""
     return _TAGS.hits, _TAGS.misses, len(_TAGS)
+
+
+def tag_cache_bytes() -> int:
+    """What the built-tag cache holds, by its estimate (:data:`TAG_BYTES_PER_JSON_CHAR`)."""
+    return _TAGS.bytes
 
 
 def clear_tag_cache() -> None:

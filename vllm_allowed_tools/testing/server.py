@@ -245,16 +245,19 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
                  log_path: Path | None = None, timeout: float = 300.0,
                  env: dict[str, str] | None = None, vanilla: bool = False,
                  chat_template: str | Path | None = None, one_flag: bool = False,
-                 python: str | None = None, cwd: Path | None = None) -> TinyServer:
+                 python: str | None = None, cwd: Path | None = None,
+                 validate: bool = True) -> TinyServer:
     """Start vLLM on `model_dir` and return once ``/health`` answers (or raise ServeError).
 
     `python`: the interpreter vLLM runs under (None: this one); `cwd`: the server's working
     directory, which its ``python -c`` puts first on ``sys.path`` (None: ours; pass a folder
-    outside a source checkout when `python` must import an installed copy of the package).
+    outside a source checkout when `python` must import an installed copy of the package);
+    ``validate=False`` serves a folder that is not one of our tiny models.
     """
     from .tiny_model import validate_model_dir, vllm_cache_dir
 
-    validate_model_dir(model_dir)
+    if validate:   # False: a model folder that is not a tiny model of ours (benchmarks/random_model.py)
+        validate_model_dir(model_dir)
     preflight()
     if port is None:
         port = free_port(host)
