@@ -35,6 +35,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import scale_report  # noqa: E402
 from constraint_stage import synthetic_tokenizer_info, tiny_tokenizer_info  # noqa: E402
 from mcp_tools import mcp_catalog  # noqa: E402
 
@@ -125,19 +126,12 @@ def _slope(points: list[tuple[int, float]]) -> float:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, axis = scale_report.figure()
     tools = [row["tools"] for row in rows]
     for column in [c for c in rows[0] if c.endswith(" ms")]:
         axis.plot(tools, [max(row[column], 1e-3) for row in rows], marker="o", label=column[:-3])
-    axis.set(xscale="log", yscale="log", xlabel="tools in the catalog", ylabel="ms",
-             title="cost vs catalog size (MCP-shaped tools)")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    scale_report.log_log(axis, "tools in the catalog", "ms", "cost vs catalog size (MCP-shaped tools)")
+    scale_report.save(figure, path)
 
 
 def main() -> int:
@@ -146,8 +140,7 @@ def main() -> int:
     parser.add_argument("--vocab", default="2K,150K")
     parser.add_argument("--subsets", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=20, help="rewrite samples (fewer above 128 tools)")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--plot", type=Path)
+    scale_report.add_output_arguments(parser)
     args = parser.parse_args()
     infos = {}
     for name in args.vocab.split(","):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import tracemalloc
@@ -31,6 +30,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import scale_report  # noqa: E402
 from constraint_stage import synthetic_tokenizer_info, tiny_tokenizer_info  # noqa: E402
 from mcp_tools import mcp_catalog  # noqa: E402
 
@@ -125,10 +125,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    figure, axis = plt.subplots(figsize=(7, 4.5))
+    figure, axis = scale_report.figure()
     for cache, bounds in dict.fromkeys((r["cache"], r["bounds"]) for r in rows):
         points = [r for r in rows if (r["cache"], r["bounds"]) == (cache, bounds)]
         label = f"{cache}, bounds {bounds}"
@@ -136,33 +133,22 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         if cache.startswith("compiled"):
             axis.plot([p["catalogs"] for p in points], [p["estimate MB"] for p in points], marker="x",
                       linestyle="--", label=f"{cache}, unbounded (sum compiled)")
-    axis.set(xscale="log", yscale="log", xlabel="distinct catalogs", ylabel="MB held",
-             title="cache memory vs distinct catalogs")
-    axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    scale_report.log_log(axis, "distinct catalogs", "MB held", "cache memory vs distinct catalogs")
+    scale_report.save(figure, path)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--catalogs", default="10,100,1000")
     parser.add_argument("--large", default="10,30,100,250", help="catalogs compiled at the 150K vocabulary")
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--plot", type=Path)
+    scale_report.add_output_arguments(parser)
     args = parser.parse_args()
     counts = [int(n) for n in args.catalogs.split(",")]
     rows = bench_tags(counts)
     rows += bench_compiled("2K", tiny_tokenizer_info()[0], counts)
     if args.large:
         rows += bench_compiled("150K", synthetic_tokenizer_info()[0], [int(n) for n in args.large.split(",")])
-    print("\n## cache memory vs distinct catalogs\n")
-    print(table(rows))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
-    if args.plot:
-        plot(rows, args.plot)
-    return 0
+    return scale_report.report("cache memory vs distinct catalogs", rows, table, plot, args)
 
 
 if __name__ == "__main__":

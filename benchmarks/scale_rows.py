@@ -34,7 +34,6 @@ Nothing is asserted: docs/benchmarks.md records a run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -47,6 +46,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import scale_report  # noqa: E402
 from constraint_stage import (  # noqa: E402  (benchmarks/ is a folder of scripts)
     _answer,
     greedy_encode,
@@ -304,22 +304,16 @@ def _us(value: float) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     vocabularies = sorted({r["vocab"] for r in results}, key=lambda v: v != "2K")
-    figure, axes = plt.subplots(1, len(vocabularies), figsize=(5.5 * len(vocabularies), 4), squeeze=False)
-    for axis, vocab in zip(axes[0], vocabularies):
+    figure, axes = scale_report.figure(len(vocabularies), (5.5 * len(vocabularies), 4))
+    for axis, vocab in zip(axes if len(vocabularies) > 1 else [axes], vocabularies):
         for name in PATHS:
             points = sorted((r["rows"], r["us_per_step"]) for r in results
                             if r["vocab"] == vocab and r["path"] == name)
             axis.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=name)
-        axis.set(xscale="log", yscale="log", xlabel="constrained rows", ylabel="µs per decode step",
-                 title=f"{vocab} vocabulary")
-        axis.grid(True, which="both", alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+        scale_report.log_log(axis, "constrained rows", "µs per decode step", f"{vocab} vocabulary",
+                             legend_size=None)
+    scale_report.save(figure, path)
 
 
 def main() -> int:
@@ -328,18 +322,12 @@ def main() -> int:
     parser.add_argument("--vocab", default="2K,150K")
     parser.add_argument("--steps", type=int, default=24, help="timed steps per path and round (fewer above 16 rows)")
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--json", type=Path)
-    parser.add_argument("--plot", type=Path)
+    scale_report.add_output_arguments(parser)
     args = parser.parse_args()
     results = bench_rows([int(n) for n in args.rows.split(",")], args.steps, args.rounds,
                          args.vocab.split(","))
-    print("\n## constraint-stage cost per decode step vs constrained rows (CPU)\n")
-    print(table(results))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    if args.plot:
-        plot(results, args.plot)
-    return 0
+    return scale_report.report("constraint-stage cost per decode step vs constrained rows (CPU)",
+                               results, table, plot, args)
 
 
 if __name__ == "__main__":
