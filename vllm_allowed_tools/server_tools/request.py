@@ -123,16 +123,21 @@ def policy_applies(tools: ServerTools, selection: ServerSelection | None, engine
 
 def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any,
                         headers: Any, harmony: bool, hook: Any,
-                        operator_engine: bool) -> PreparedServerTurn | None:
+                        operator_engine: bool, render: bool = False) -> PreparedServerTurn | None:
     """The request's server-side turn (None: no server-side tools), or a 4xx before generation.
 
     ``engine``: the approval engine server-side calls are recorded with (None: no grant store);
     ``operator_engine``: whether it carries the operator's policy; ``hook``: the glue's
     :class:`~.turn.HookStatus`; ``harmony``: whether the model is served on vLLM's harmony path,
-    the only one whose server-side calls the hook sees."""
+    the only one whose server-side calls the hook sees. ``render``: a render request (nothing
+    runs): the selection is read, nothing else."""
     if not tools:
         return None
     body, selection, only_server = split_selection(body, tools)
+    if render:
+        turn = ServerTurn(tools, selection=selection)
+        return PreparedServerTurn({k: v for k, v in body.items() if k != TURN_KEY}, turn,
+                                  selection, only_server)
     first = tools.tools[0]
     if policy_applies(tools, selection, engine if operator_engine else None):
         if not harmony:
@@ -223,6 +228,13 @@ def _answers(body: dict[str, Any], tools: ServerTools, selection: ServerSelectio
     new_body = {**body, "input": [item for i, item in enumerate(items) if i not in drop]}
     if not answers:
         return new_body, None
+    return new_body, _apply_answer(answers, tools, selection, engine, principal, session)
+
+
+def _apply_answer(answers: list[tuple[int, dict[str, Any], str]], tools: ServerTools,
+                  selection: ServerSelection | None, engine: Any, principal: str | None,
+                  session: str | None) -> ResumedCall:
+    """Check and apply the one answer (nothing is consumed when a check fails)."""
     if engine is None:
         index = answers[0][0]
         raise _error(f"input[{index}] answers an approval, but this server keeps no grant store "
@@ -260,16 +272,16 @@ def _answers(body: dict[str, Any], tools: ServerTools, selection: ServerSelectio
     if isinstance(outcome, Rejected):
         raise outcome.error
     if isinstance(outcome, Release) or (isinstance(outcome, Replayed) and outcome.release):
-        return new_body, ResumedCall(record.id, target, record.arguments, wire)
+        return ResumedCall(record.id, target, record.arguments, wire)
     if isinstance(outcome, Decline):
-        return new_body, ResumedCall(record.id, target, record.arguments, wire,
+        return ResumedCall(record.id, target, record.arguments, wire,
                                      refusal=outcome.tool_output)
     # a replay of a closed answer that released nothing: the model sees the call as refused
     status = outcome.status if isinstance(outcome, Replayed) else "declined"
     cause = {"declined": "declined", "cancelled": "cancelled", "expired": "expired",
              "invalidated": "definition_changed"}.get(status, "unanswered")
-    return new_body, ResumedCall(record.id, target, record.arguments, wire,
-                                 refusal=Decline.of(record, cause).tool_output)  # type: ignore[arg-type]
+    return ResumedCall(record.id, target, record.arguments, wire,
+                       refusal=Decline.of(record, cause).tool_output)  # type: ignore[arg-type]
 
 
 def _mcp_answer(item: Mapping[str, Any], param: str) -> dict[str, Any]:

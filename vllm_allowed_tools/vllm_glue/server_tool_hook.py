@@ -115,9 +115,20 @@ def install() -> HookStatus:
     from vllm.entrypoints.openai.responses.context import HarmonyContext, ParsableContext
     from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 
-    need = HarmonyContext.need_builtin_tool_call
-    call = HarmonyContext.call_tool
+    HarmonyContext.need_builtin_tool_call = _deciding(HarmonyContext.need_builtin_tool_call)
+    HarmonyContext.call_tool = _backstopped(HarmonyContext.call_tool)
+    OpenAIServingResponses._generate_with_builtin_tools = _resuming(
+        OpenAIServingResponses._generate_with_builtin_tools, HarmonyContext)
+    ParsableContext.need_builtin_tool_call = _never_with_a_turn(ParsableContext.need_builtin_tool_call)
+    _INSTALLED.append(True)
+    set_hook_status(status)
+    logger.info("vllm-allowed-tools: server-side tool hook installed (%s)", status.reason)
+    return status
 
+
+def _deciding(need: Any) -> Any:
+    """``need_builtin_tool_call``: vLLM's answer, then the turn's decision (the call runs only
+    when it is "execute")."""
     @functools.wraps(need)
     def need_builtin_tool_call(self: Any) -> bool:
         if not need(self):
@@ -135,7 +146,11 @@ def install() -> HookStatus:
             logger.info("vllm-allowed-tools: server-side call %r %s: %s", message.recipient,
                         "paused" if decision.verdict == "pause" else "refused", decision.reason)
         return decision.verdict == "execute"
+    return need_builtin_tool_call
 
+
+def _backstopped(call: Any) -> Any:
+    """``call_tool``: runs only a message decided "execute", once; anything else is refused."""
     @functools.wraps(call)
     async def call_tool(self: Any) -> list[Any]:
         message = self.messages[-1] if self.messages else None
@@ -154,14 +169,17 @@ def install() -> HookStatus:
             raise
         turn.record(decision, _output_text(output))
         return output
+    return call_tool
 
-    generate = OpenAIServingResponses._generate_with_builtin_tools
 
+def _resuming(generate: Any, harmony_context: type) -> Any:
+    """``_generate_with_builtin_tools``: a request resuming an approved call has it run (or
+    shown refused) first, and its prompt rendered as the loop renders between turns."""
     @functools.wraps(generate)
     async def _generate_with_builtin_tools(self: Any, *args: Any, **kwargs: Any):
         bound = inspect.signature(generate).bind(self, *args, **kwargs)
         context = bound.arguments.get("context")
-        turn = _turn_of(context) if isinstance(context, HarmonyContext) else None
+        turn = _turn_of(context) if isinstance(context, harmony_context) else None
         if turn is not None and turn.resume is not None:
             await _resume(self, turn, context)
             engine_input = bound.arguments["engine_input"]
@@ -170,25 +188,17 @@ def install() -> HookStatus:
                 tok_params=bound.arguments.get("tok_params"))
         async for item in generate(*bound.args, **bound.kwargs):
             yield item
+    return _generate_with_builtin_tools
 
-    parsable_need = ParsableContext.need_builtin_tool_call
 
-    @functools.wraps(parsable_need)
-    def parsable_need_builtin_tool_call(self: Any) -> bool:
-        # the middleware refuses server-side tools on this path while a policy applies; one that
-        # still carries a turn is never run
-        if _turn_of(self) is not None:
-            return False
-        return parsable_need(self)
-
-    HarmonyContext.need_builtin_tool_call = need_builtin_tool_call
-    HarmonyContext.call_tool = call_tool
-    OpenAIServingResponses._generate_with_builtin_tools = _generate_with_builtin_tools
-    ParsableContext.need_builtin_tool_call = parsable_need_builtin_tool_call
-    _INSTALLED.append(True)
-    set_hook_status(status)
-    logger.info("vllm-allowed-tools: server-side tool hook installed (%s)", status.reason)
-    return status
+def _never_with_a_turn(need: Any) -> Any:
+    """ParsableContext (a non-harmony model under VLLM_USE_EXPERIMENTAL_PARSER_CONTEXT): the
+    middleware refuses server-side tools there while a policy applies; one that still carries a
+    turn is never run."""
+    @functools.wraps(need)
+    def need_builtin_tool_call(self: Any) -> bool:
+        return False if _turn_of(self) is not None else need(self)
+    return need_builtin_tool_call
 
 
 async def _resume(serving: Any, turn: ServerTurn, context: Any) -> None:
