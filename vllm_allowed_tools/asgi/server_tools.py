@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -10,6 +11,8 @@ from ..request.rewrite import Rewritten
 from ..server_tools.request import PreparedServerTurn
 from ..server_tools.turn import ServerTurnFilter
 from ..settings import Settings
+
+logger = logging.getLogger("vllm.allowed_tools.server_tools")  # under vLLM's configured logger
 
 
 def store_only_engine(settings: Settings) -> Any:
@@ -46,6 +49,10 @@ def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filt
                     "catalog_digest": "", "allowlist_digest": "", "custom": {}}
             body["tool_choice"] = selection.mode
         body[ALLOWLIST_KEY] = {**wire, "server": recipients}
+    logger.info("vllm-allowed-tools: server-side tools %s, allowed %s%s",
+                sorted({t.namespace for t in server.turn.tools.tools}),
+                "all" if selection is None else sorted(selection.entries, key=str),
+                ", resuming an answered approval" if server.turn.resume is not None else "")
     call_filter = ServerTurnFilter(call_filter, server.turn, functions=not server.only_server)
     if contract is not None and selection is not None:
         contract.requirement = None   # a server-side call satisfies a required turn

@@ -10,7 +10,7 @@ whole in the prompt; only what may be written is narrowed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from xgrammar import StructuralTag
@@ -37,8 +37,23 @@ def _preamble(channel: str) -> OptionalFormat:
         ConstStringFormat(value="<|start|>assistant")]))
 
 
-def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whitespace: int | None) -> list[Any]:
-    """One format per allowed recipient (``(built-in, tool name or None for any of its tools)``)."""
+def _object_schema(schema: Any) -> dict[str, Any]:
+    """A tool's input schema as the call's arguments grammar: an object, no keys it does not name
+    (an MCP server validates its arguments against it; extra keys never reach the tool)."""
+    if not isinstance(schema, Mapping) or schema.get("type") not in (None, "object"):
+        return dict(_OBJECT)
+    out = {k: v for k, v in schema.items() if k not in ("title", "$schema")}
+    out["type"] = "object"
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whitespace: int | None,
+                        listings: Callable[[str], Mapping[str, Any] | None] = lambda builtin: None) -> list[Any]:
+    """One format per allowed recipient (``(built-in, tool name or None for any of its tools)``);
+    ``listings``: the tools the tool server lists for a built-in (name -> input schema), which
+    give a recipient without a name its names and every call its arguments' schema."""
     formats: list[Any] = []
     ws = {} if max_whitespace is None else {"max_whitespace_cnt": max(1, max_whitespace)}
     for builtin, name in recipients:
@@ -47,9 +62,12 @@ def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whites
                                      content=AnyTextFormat(excludes=["<|start|>", "<|end|>"]),
                                      end=_CALL_END))
             continue
-        names: Sequence[str | None] = BROWSER_TOOLS if builtin == "browser" and name is None else [name]
+        listed = listings(builtin) or {}
+        names: Sequence[str | None] = [name]
+        if name is None:
+            names = sorted(listed) if listed else (BROWSER_TOOLS if builtin == "browser" else [None])
         for tool in names:
-            arguments = JSONSchemaFormat(json_schema=_OBJECT, **ws)
+            arguments = JSONSchemaFormat(json_schema=_object_schema(listed.get(tool or "")), **ws)
             if tool is not None:
                 formats.append(TagFormat(
                     begin=f"<|channel|>commentary to={builtin}.{tool} <|constrain|>json<|message|>",
@@ -63,11 +81,12 @@ def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whites
 
 
 def with_server_calls(function_tag: StructuralTag | None, recipients: Sequence[tuple[str, str | None]],
-                      mode: str, max_whitespace: int | None) -> StructuralTag:
+                      mode: str, max_whitespace: int | None,
+                      listings: Callable[[str], Mapping[str, Any] | None] = lambda builtin: None) -> StructuralTag:
     """The turn's tag: ``function_tag`` (vLLM's harmony tag over the allowed functions, or None
     when none is allowed) with the allowed server-side recipients added to its alternatives; in
     ``auto`` mode a final answer stays admitted."""
-    extra = server_call_formats(recipients, max_whitespace)
+    extra = server_call_formats(recipients, max_whitespace, listings)
     if function_tag is not None:
         body = function_tag.format
         if isinstance(body, SequenceFormat) and body.elements and isinstance(body.elements[-1], OrFormat):

@@ -169,13 +169,17 @@ def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any
         session = session_of(body)
     body, resume = _answers(body, tools, selection, engine, principal, session)
     choice = body.get("tool_choice")
+    limit = body.get("max_tool_calls")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise _error(f"max_tool_calls must be a non-negative integer, got {type_name(limit)}.",
+                     "max_tool_calls", "invalid_request")
     turn = ServerTurn(
         tools, selection=selection, tool_choice_none=choice == "none",
         operator_gates=(functools.partial(_operator_gates, engine) if operator_engine else
                         (lambda tool, name: False)),
         propose=functools.partial(engine.propose, principal=principal, session=session)
         if engine is not None else None,
-        resume=resume, store=engine.store if engine is not None else None)
+        resume=resume, max_tool_calls=limit, store=engine.store if engine is not None else None)
     body = {k: v for k, v in body.items() if k != TURN_KEY}
     return PreparedServerTurn(body, turn, selection, only_server)
 

@@ -84,6 +84,10 @@ def _resumed_item(turn: ServerTurn) -> dict[str, Any] | None:
     return item
 
 
+def _stopped_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {**item, "status": "incomplete", "error": "max_tool_calls reached; this call was not run"}
+
+
 def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, Any]:
     """A unary Responses object (or a stream's terminal snapshot) with the turn's decisions
     applied; raises :class:`AllowedToolsViolation` when a call was refused."""
@@ -108,6 +112,10 @@ def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, A
             new.append(item)
         else:
             new[at] = item
+    stopped = turn.stopped
+    if stopped is not None and server_at:   # the loop stopped there: the last item, not run
+        at = server_at.pop()
+        new[at] = _stopped_item(new[at])
     resume = turn.resume
     runs = 0   # executed[runs] is the next server-side item's run
     for n, i in enumerate(server_at):
@@ -207,6 +215,10 @@ class ServerToolStream:
         if decision.verdict == "refuse":
             return self.stream.terminate(refusal_violation(decision, source="stream_guard"))
         index = held[0].get("output_index")
+        if decision.verdict == "stop":
+            return [self._shifted({**e, "item": _stopped_item(e["item"])}
+                                  if e.get("type") == "response.output_item.done"
+                                  and isinstance(e.get("item"), Mapping) else e) for e in held]
         if decision.verdict == "pause":
             item = approval_item(decision)
             return [self._shifted({"type": kind, "output_index": index, "item": item,

@@ -30,7 +30,10 @@ __all__ = ["TURN_KEY", "ResumedCall", "ServerDecision", "ServerSelection", "Serv
 #: the body key under which the turn's token reaches vLLM's loop (``request.model_extra``)
 TURN_KEY = "vllm_allowed_tools_server_turn"
 
-Verdict = Literal["execute", "pause", "refuse"]
+#: execute: vLLM runs it; pause: it waits for an approval (the response ends with the approval
+#: item); refuse: it may not run (the turn ends as a violation); stop: allowed, but the request's
+#: max_tool_calls is reached (the response ends with the call, not run)
+Verdict = Literal["execute", "pause", "refuse", "stop"]
 Wire = Literal["mcp", "elicitation"]
 
 
@@ -102,7 +105,7 @@ class ServerTurn:
                  tool_choice_none: bool = False,
                  operator_gates: Callable[[ServerTool, str], bool] = lambda tool, name: False,
                  propose: Callable[[ProposedCall], Release | ToolCallApproval | Decline] | None = None,
-                 resume: ResumedCall | None = None,
+                 resume: ResumedCall | None = None, max_tool_calls: int | None = None,
                  store: Any = None, clock: Callable[[], float] = time.time) -> None:
         self.tools = tools
         self.selection = selection
@@ -110,6 +113,7 @@ class ServerTurn:
         self.operator_gates = operator_gates
         self.propose = propose
         self.resume = resume
+        self.max_tool_calls = max_tool_calls
         self.store = store
         self.clock = clock
         self.token = secrets.token_hex(16)
@@ -162,6 +166,9 @@ class ServerTurn:
         tool, why = self.allowed(target)
         if tool is None:
             return ServerDecision("refuse", target, arguments, why)
+        if self.max_tool_calls is not None and sum(
+                d.verdict == "execute" for d in self.decisions) >= self.max_tool_calls:
+            return ServerDecision("stop", target, arguments, "max_tool_calls reached", tool)
         gated, wire = self.gated(tool, target.tool_name)
         if not gated:
             return ServerDecision("execute", target, arguments, "not gated", tool)
@@ -224,6 +231,10 @@ class ServerTurn:
     @property
     def paused(self) -> ServerDecision | None:
         return next((d for d in self.decisions if d.verdict == "pause"), None)
+
+    @property
+    def stopped(self) -> ServerDecision | None:
+        return next((d for d in self.decisions if d.verdict == "stop"), None)
 
     @property
     def refused(self) -> ServerDecision | None:

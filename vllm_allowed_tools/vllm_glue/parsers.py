@@ -95,13 +95,14 @@ class AllowedToolsMixin:
         server-side recipients (:mod:`..decode.server_tools`)."""
         from ..settings import current
         from ..decode.server_tools import with_server_calls
+        from .server_tool_hook import tool_schemas
         function_tag = None
         if allowlist.allowed:
             built = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                        max(strict_level, ToolStrictLevel.FUNCTION))
             function_tag = built.tag.model_copy(deep=True) if built is not None else None
         return with_server_calls(function_tag, allowlist.server, allowlist.mode,
-                                 current().whitespace_limit)
+                                 current().whitespace_limit, tool_schemas)
 
     def adjust_request(self, request):
         allowlist = request_allowlist(request)

@@ -28,9 +28,11 @@ from typing import Any
 
 from ..server_tools.turn import HookStatus, ServerTurn, registered, set_hook_status
 
-logger = logging.getLogger("vllm_allowed_tools.server_tools")
+logger = logging.getLogger("vllm.allowed_tools.server_tools")  # under vLLM's logger
 
 _INSTALLED: list[bool] = []
+#: the tool servers of this process's Responses handlers (their tool listings feed the grammar)
+_TOOL_SERVERS: list[Any] = []
 
 #: vLLM versions whose loop this hook was read against (0.33: checked in its source)
 VERIFIED_ON = ("0.32", "0.33")
@@ -120,10 +122,37 @@ def install() -> HookStatus:
     OpenAIServingResponses._generate_with_builtin_tools = _resuming(
         OpenAIServingResponses._generate_with_builtin_tools, HarmonyContext)
     ParsableContext.need_builtin_tool_call = _never_with_a_turn(ParsableContext.need_builtin_tool_call)
+    OpenAIServingResponses.__init__ = _remembering(OpenAIServingResponses.__init__)
     _INSTALLED.append(True)
     set_hook_status(status)
     logger.info("vllm-allowed-tools: server-side tool hook installed (%s)", status.reason)
     return status
+
+
+def _remembering(init: Any) -> Any:
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if getattr(self, "tool_server", None) is not None:
+            _TOOL_SERVERS.append(self.tool_server)
+    return __init__
+
+
+def tool_schemas(builtin: str) -> dict[str, Any] | None:
+    """The tools the tool server lists for ``builtin`` (name -> input JSON schema), as vLLM read
+    them at start-up; None when unknown (no tool server, or no listing for it)."""
+    for server in _TOOL_SERVERS:
+        try:
+            if not server.has_tool(builtin):
+                continue
+            config = server.get_tool_description(builtin)
+        except Exception:   # noqa: BLE001 - a listing we cannot read is no listing
+            continue
+        tools = getattr(config, "tools", None)
+        if tools:
+            return {tool.name: getattr(tool, "parameters", None) or {"type": "object"}
+                    for tool in tools}
+    return None
 
 
 def _deciding(need: Any) -> Any:
