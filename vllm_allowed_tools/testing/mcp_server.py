@@ -4,8 +4,8 @@ the tool answers), so tests assert on what really ran.
 
     python -m vllm_allowed_tools.testing.mcp_server --port 8931 --log /tmp/exec.log [--name container]
 
-Tools: ``exec`` and ``ls`` (``cmd``: a string of at most 8 characters, so a random model's
-arguments end), and ``slow`` (waits ``--slow-seconds`` after logging, for the disconnect tests).
+Tools: ``exec`` and ``ls`` (``cmd``: ``"ls"``, ``"pwd"`` or ``"date"``, so a random model's
+arguments are always complete), and ``slow`` (waits ``--slow-seconds`` after logging, for the disconnect tests).
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import asyncio
 import json
 import os
 import time
-from typing import Annotated
+from typing import Literal
 
-from pydantic import Field
-
-Cmd = Annotated[str, Field(max_length=8)]
+#: a command is one of a few words, so a random model's arguments are always complete
+Cmd = Literal["ls", "pwd", "date"]
 
 
 def _logger(path: str):

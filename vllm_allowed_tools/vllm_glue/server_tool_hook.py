@@ -260,6 +260,12 @@ async def _resume(serving: Any, turn: ServerTurn, context: Any) -> None:
         turn.record(decision, earlier.output, None if earlier.output is not None else "unknown")
         context.append_tool_output(_refusal_messages(message, text))
         return
-    output = await context.call_tool()
+    try:
+        output = await context.call_tool()
+    except Exception as exc:   # noqa: BLE001 - the model sees the failure; it is never run again
+        text = f"This tool call failed: {type(exc).__name__}: {exc}"
+        await asyncio.to_thread(turn.finish, resume.elicitation_id, text)
+        context.append_tool_output(_refusal_messages(message, text))
+        return
     await asyncio.to_thread(turn.finish, resume.elicitation_id, _output_text(output))
     context.append_tool_output(output)
