@@ -93,6 +93,11 @@ def request(tool_name: str, *, require_approval="always", seed: int = 0, input_=
     return body
 
 
+def error_text(item: dict) -> str:
+    error = item.get("error") or {}
+    return " ".join(part.get("text", "") for part in error.get("content") or [])
+
+
 def items(response) -> list[dict]:
     return [item.model_dump() if hasattr(item, "model_dump") else dict(item)
             for item in response.output]
@@ -179,7 +184,7 @@ def test_a_decline_never_runs_and_reaches_the_model_as_a_refusal(server, mcp):
     body = request("ls", seed=3, input_=answer_mcp(approval, False, reason="not now"))
     output = items(client(server).responses.create(**body))
     assert output[0]["type"] == "mcp_call" and output[0]["status"] == "failed", output
-    assert "declined" in output[0]["error"] and "not now" in output[0]["error"]
+    assert "declined" in error_text(output[0]) and "not now" in error_text(output[0])
     # the decline replayed, then an accept of the declined call: nothing runs
     client(server).responses.create(**body)
     with pytest.raises(openai.APIStatusError):
@@ -220,7 +225,7 @@ def test_an_expired_approval_never_runs(server, mcp):
     time.sleep(6)
     output = items(client(server).responses.create(
         **request("slow", seed=6, input_=answer_mcp(approval, True))))
-    assert output[0]["status"] == "failed" and "expired" in output[0]["error"], output
+    assert output[0]["status"] == "failed" and "expired" in error_text(output[0]), output
     assert len(executions(mcp)) == before
 
 
@@ -232,7 +237,7 @@ def test_an_ungated_call_runs_and_max_tool_calls_stops_the_loop(server, mcp):
     assert [e["tool"] for e in ran] == ["ls"], (output, server.log_tail(30))
     calls = [item for item in output if item["type"] == "mcp_call"]
     assert calls[0]["output"] == f"ls ran {ran[0]['cmd']!r}" and calls[0]["status"] == "completed"
-    assert calls[-1]["status"] == "incomplete" and "max_tool_calls" in calls[-1]["error"], output
+    assert calls[-1]["status"] == "incomplete" and "max_tool_calls" in error_text(calls[-1]), output
 
 
 def test_streamed_pause_and_accept(server, mcp):

@@ -35,7 +35,11 @@ from typing import Any
 from .openai_extensions import (
     CUSTOM_TOOL_CALL,
     EXTENSION_EVENTS,
+    MCP_APPROVAL_REQUEST,
+    MCP_CALL,
     custom_tool_call_schema,
+    mcp_approval_request_schema,
+    mcp_call_schema,
     with_custom_choices_as_functions,
 )
 
@@ -75,7 +79,9 @@ def _prepared() -> dict[str, Any]:
     elicitation = {k: v for k, v in elicitation_schema().items() if k != "$schema"}
     schemas["ItemField"] = _dispatching(schemas["ItemField"], schemas,
                                         extra={ELICITATION: elicitation,
-                                               CUSTOM_TOOL_CALL: custom_tool_call_schema()})
+                                               CUSTOM_TOOL_CALL: custom_tool_call_schema(),
+                                               MCP_CALL: mcp_call_schema(),
+                                               MCP_APPROVAL_REQUEST: mcp_approval_request_schema()})
     _walk(doc, schemas)
     schemas.update(dict(EXTENSION_EVENTS.values()))
     return doc

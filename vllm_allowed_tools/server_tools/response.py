@@ -44,6 +44,11 @@ def refusal_violation(decision: ServerDecision, *, source: str) -> AllowedToolsV
         kind="builtin")
 
 
+def mcp_error(text: str) -> dict[str, Any]:
+    """An ``mcp_call``'s ``error`` (OpenAI's ``McpToolExecutionError``)."""
+    return {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": text}]}
+
+
 def _is_server_item(item: Any) -> bool:
     return isinstance(item, Mapping) and item.get("type") in SERVER_ITEM_TYPES
 
@@ -56,7 +61,7 @@ def _executed_item(turn: ServerTurn, index: int, item: Mapping[str, Any]) -> dic
         if run.output is not None:
             out["output"] = run.output
         if run.error is not None:
-            out["error"] = run.error
+            out["error"] = mcp_error(run.output or run.error)
         if run.elicitation_id is not None:
             out["approval_request_id"] = run.elicitation_id
         out["status"] = "completed" if run.error is None else "failed"
@@ -74,18 +79,20 @@ def _resumed_item(turn: ServerTurn) -> dict[str, Any] | None:
                             "name": resume.target.tool_name, "arguments": resume.arguments,
                             "approval_request_id": resume.elicitation_id}
     if resume.refusal is not None:
-        item.update(status="failed", error=resume.refusal, output=None)
+        item.update(status="failed", error=mcp_error(resume.refusal))
         return item
     run = turn.executed[0] if turn.executed else None
-    item.update(status="completed" if run is not None and run.error is None else "failed",
-                output=run.output if run is not None else None)
+    item.update(status="completed" if run is not None and run.error is None else "failed")
+    if run is not None and run.output is not None:
+        item["output"] = run.output
     if run is None or run.error is not None:
-        item["error"] = run.error if run is not None else "not run"
+        item["error"] = mcp_error(run.error if run is not None and run.error else "not run")
     return item
 
 
 def _stopped_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    return {**item, "status": "incomplete", "error": "max_tool_calls reached; this call was not run"}
+    return {**item, "status": "incomplete",
+            "error": mcp_error("max_tool_calls reached; this call was not run")}
 
 
 def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +127,7 @@ def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, A
     runs = 0   # executed[runs] is the next server-side item's run
     for n, i in enumerate(server_at):
         if n == 0 and resume is not None and resume.refusal is not None:
-            new[i] = {**new[i], "status": "failed", "error": resume.refusal,
+            new[i] = {**new[i], "status": "failed", "error": mcp_error(resume.refusal),
                       "approval_request_id": resume.elicitation_id}
             new[i].pop("output", None)
             continue
