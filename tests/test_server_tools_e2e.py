@@ -319,3 +319,16 @@ def test_malformed_answers_are_a_4xx_and_run_nothing(server, mcp, answer, param)
                        headers={"Authorization": "Bearer key-a"})
     assert 400 <= reply.status_code < 500 and reply.json()["error"]["param"] == param, reply.text
     assert len(executions(mcp)) == before
+
+
+def test_a_streamed_ungated_call_shows_its_output_after_it_ran(server, mcp):
+    before = len(executions(mcp))
+    final, events = streamed(client(server), request("ls", require_approval="never", seed=10,
+                                                     max_tool_calls=1))
+    ran = executions(mcp)[before:]
+    assert [e["tool"] for e in ran] == ["ls"], events
+    done = [e.item for e in events if e.type == "response.output_item.done"
+            and e.item.type == "mcp_call"]
+    assert done[0].output == f"ls ran {ran[0]['cmd']!r}" and done[0].status == "completed"
+    assert done[-1].status == "incomplete"   # the call after max_tool_calls, not run
+    assert [i["output"] for i in items(final) if i["type"] == "mcp_call"][0] == done[0].output

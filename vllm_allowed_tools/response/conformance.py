@@ -351,4 +351,7 @@ def conformed_event(event: Any, *, now: Callable[[], float] = time.time) -> Any:
     new = {**event, **fixed} if fixed else event
     if "logprobs" in new and new["logprobs"] is None:
         new = {k: v for k, v in new.items() if k != "logprobs"}
+    if kind == "response.mcp_call_arguments.done" and "name" in new:
+        # vLLM adds the call's name, which OpenAI's event does not have (it is on the item)
+        new = {k: v for k, v in new.items() if k != "name"}
     return new
