@@ -364,3 +364,14 @@ def test_the_guards_filter_admits_only_the_allowed_server_items(engine):
     assert not only_server.allows("builtin", "web_search_call")
     assert not only_server.allows("function", "anything")
     assert json.dumps(sorted(only_server.item_types)) == '["mcp_call"]'
+
+
+def test_a_selection_or_a_named_function_without_server_entries_allows_none(engine):
+    fn = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    for choice in (select({"type": "function", "name": "f"}), {"type": "function", "name": "f"}):
+        turn = turn_for(body([fn, MCP], choice=choice), engine).turn
+        assert turn.decide("container.ls", "{}").verdict == "refuse"
+    named = turn_for(body(choice={"type": "mcp", "server_label": "container", "name": "ls"}),
+                     engine)
+    assert named.only_server and named.turn.decide("container.ls", "{}").verdict == "execute"
+    assert named.turn.decide("container.exec", "{}").verdict == "refuse"

@@ -36,7 +36,7 @@ def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filt
     body = dict(rewritten.body)
     body[TURN_KEY] = server.turn.token
     selection = server.selection
-    if selection is not None:
+    if selection is not None and selection.entries:
         recipients = [list(r) for r in selection.recipients(server.turn.tools)]
         wire = body.get(ALLOWLIST_KEY)
         if server.only_server or not isinstance(wire, dict):
@@ -54,6 +54,6 @@ def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filt
                 "all" if selection is None else sorted(selection.entries, key=str),
                 ", resuming an answered approval" if server.turn.resume is not None else "")
     call_filter = ServerTurnFilter(call_filter, server.turn, functions=not server.only_server)
-    if contract is not None and selection is not None:
+    if contract is not None and selection is not None and selection.entries:
         contract.requirement = None   # a server-side call satisfies a required turn
     return replace(rewritten, body=body, changed=True), call_filter, contract

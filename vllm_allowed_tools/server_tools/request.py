@@ -42,15 +42,43 @@ def _error(message: str, param: str, code: str = CODE_INVALID_SERVER_TOOL) -> Al
 
 
 def split_selection(body: Mapping[str, Any], tools: ServerTools) -> tuple[dict[str, Any], ServerSelection | None, bool]:
-    """The body without the server-side entries of its ``allowed_tools`` selection, those entries,
-    and whether only server-side entries were selected (then no function may be called)."""
+    """The body without the server-side entries of its ``allowed_tools`` selection, those entries
+    (None: the choice does not restrict server-side tools), and whether only server-side entries
+    were selected (then no function may be called). A selection naming none of them, or a choice
+    naming one function, allows no server-side tool."""
     choice = body.get("tool_choice")
+    if isinstance(choice, Mapping) and choice.get("type") in ("function", "custom"):
+        return dict(body), ServerSelection(frozenset(), "required"), False
+    if isinstance(choice, Mapping) and choice.get("type") in SERVER_ENTRY_TYPES:
+        # a named server-side choice: the selection of that one tool, which must be called
+        choice = {"type": "allowed_tools", "mode": "required", "tools": [dict(choice)]}
+        body = {**body, "tool_choice": choice}
     if not isinstance(choice, Mapping) or choice.get("type") != "allowed_tools" \
             or not isinstance(choice.get("tools"), list):
         return dict(body), None, False
+    kept, entries = _server_entries(choice["tools"], tools)
+    mode = choice.get("mode")
+    if not entries:
+        return dict(body), ServerSelection(frozenset(), str(mode)), False
+    only_server = not kept
+    new_choice = {**choice, "tools": kept}
+    new_body = dict(body)
+    if only_server:
+        if mode not in ("auto", "required"):
+            raise _error("tool_choice.mode must be \"auto\" or \"required\", got "
+                         f"{quote(mode) if isinstance(mode, str) else type_name(mode)}.",
+                         "tool_choice.mode", "invalid_allowed_tools")
+        new_body["tool_choice"] = "auto"   # functions: none may be called (the guard's filter)
+    else:
+        new_body["tool_choice"] = new_choice
+    return new_body, ServerSelection(frozenset(entries), str(mode)), only_server
+
+
+def _server_entries(entries_in: list[Any], tools: ServerTools) -> tuple[list[Any], set[tuple[int, str | None]]]:
+    """The selection's other entries, and its server-side ones as (tool index, name or None)."""
     kept: list[Any] = []
     entries: set[tuple[int, str | None]] = set()
-    for index, entry in enumerate(choice["tools"]):
+    for index, entry in enumerate(entries_in):
         param = f"tool_choice.tools[{index}]"
         if not isinstance(entry, Mapping) or entry.get("type") not in SERVER_ENTRY_TYPES:
             kept.append(entry)
@@ -83,21 +111,7 @@ def split_selection(body: Mapping[str, Any], tools: ServerTools) -> tuple[dict[s
             raise _error(f"{param}.name {quote(name)} is not in the allowed_tools of "
                          f"{tool.param}.", f"{param}.name")
         entries.add((tool.index, name))
-    if not entries:
-        return dict(body), None, False
-    mode = choice.get("mode")
-    only_server = not kept
-    new_choice = {**choice, "tools": kept}
-    new_body = dict(body)
-    if only_server:
-        if mode not in ("auto", "required"):
-            raise _error("tool_choice.mode must be \"auto\" or \"required\", got "
-                         f"{quote(mode) if isinstance(mode, str) else type_name(mode)}.",
-                         "tool_choice.mode", "invalid_allowed_tools")
-        new_body["tool_choice"] = "auto"   # functions: none may be called (the guard's filter)
-    else:
-        new_body["tool_choice"] = new_choice
-    return new_body, ServerSelection(frozenset(entries), str(mode)), only_server
+    return kept, entries
 
 
 def recipient_of(tool: ServerTool, tool_name: str) -> str:
@@ -138,6 +152,33 @@ def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any
         turn = ServerTurn(tools, selection=selection)
         return PreparedServerTurn({k: v for k, v in body.items() if k != TURN_KEY}, turn,
                                   selection, only_server)
+    _refuse_undecidable(body, tools, selection, engine, harmony=harmony, hook=hook,
+                        operator_engine=operator_engine)
+    principal = session = None
+    if engine is not None:
+        principal = principal_from_headers(headers, engine.store.principal_secret)
+        session = session_of(body)
+    body, resume = _answers(body, tools, selection, engine, principal, session)
+    choice = body.get("tool_choice")
+    limit = body.get("max_tool_calls")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+        raise _error(f"max_tool_calls must be a non-negative integer, got {type_name(limit)}.",
+                     "max_tool_calls", "invalid_request")
+    turn = ServerTurn(
+        tools, selection=selection, tool_choice_none=choice == "none",
+        operator_gates=(functools.partial(_operator_gates, engine) if operator_engine else
+                        (lambda tool, name: False)),
+        propose=functools.partial(engine.propose, principal=principal, session=session)
+        if engine is not None else None,
+        resume=resume, max_tool_calls=limit, store=engine.store if engine is not None else None)
+    body = {k: v for k, v in body.items() if k != TURN_KEY}
+    return PreparedServerTurn(body, turn, selection, only_server)
+
+
+def _refuse_undecidable(body: Mapping[str, Any], tools: ServerTools,
+                        selection: ServerSelection | None, engine: Any, *, harmony: bool,
+                        hook: Any, operator_engine: bool) -> None:
+    """A 4xx where this request's server-side calls could not be decided (or asked about)."""
     first = tools.tools[0]
     if policy_applies(tools, selection, engine if operator_engine else None):
         if not harmony:
@@ -163,25 +204,6 @@ def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any
                 "honour: it keeps no grant store (set VLLM_ALLOWED_TOOLS_APPROVAL_POLICY or "
                 "VLLM_ALLOWED_TOOLS_GRANT_STORE). Send \"require_approval\": \"never\" to let the "
                 "server run the tool unasked.", f"{tool.param}.require_approval")
-    principal = session = None
-    if engine is not None:
-        principal = principal_from_headers(headers, engine.store.principal_secret)
-        session = session_of(body)
-    body, resume = _answers(body, tools, selection, engine, principal, session)
-    choice = body.get("tool_choice")
-    limit = body.get("max_tool_calls")
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
-        raise _error(f"max_tool_calls must be a non-negative integer, got {type_name(limit)}.",
-                     "max_tool_calls", "invalid_request")
-    turn = ServerTurn(
-        tools, selection=selection, tool_choice_none=choice == "none",
-        operator_gates=(functools.partial(_operator_gates, engine) if operator_engine else
-                        (lambda tool, name: False)),
-        propose=functools.partial(engine.propose, principal=principal, session=session)
-        if engine is not None else None,
-        resume=resume, max_tool_calls=limit, store=engine.store if engine is not None else None)
-    body = {k: v for k, v in body.items() if k != TURN_KEY}
-    return PreparedServerTurn(body, turn, selection, only_server)
 
 
 def _operator_gates(engine: Any, tool: ServerTool, tool_name: str) -> bool:
