@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -28,6 +31,7 @@ import pytest
 from conftest import start_cli_server, stop_cli_server
 from test_gpt_oss_e2e import nudges
 
+from vllm_allowed_tools.testing.reliability.kill import kill_server_hard
 from vllm_allowed_tools.testing.server import free_port
 
 pytestmark = pytest.mark.server
@@ -50,26 +54,40 @@ def mcp(tmp_path_factory):
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.2)
-    yield port, log
+    yield port, log, process
     process.terminate()
     process.wait(10)
 
 
+class Served:
+    """The module's server; :meth:`restart` starts it again on the same store (the kill test)."""
+
+    def __init__(self, port: int, folder) -> None:
+        self.store = folder / "grants.db"
+        policy = folder / "approvals.json"
+        policy.write_text(json.dumps({"rules": [
+            {"tools": ["container__exec"], "approval": "required", "scopes": ["once", "session"]},
+            {"tools": ["container__slow"], "approval": "required", "expires_in": 5}]}))
+        self.args = dict(options=["--parser", "allowed_openai", "--one-flag"],
+                         extra_args=["--tool-server", f"127.0.0.1:{port}"],
+                         env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container",
+                              "VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
+                              "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(self.store)})
+        self.current = start_cli_server("random", **self.args)
+
+    def restart(self) -> None:
+        stop_cli_server(self.current)
+        self.current = start_cli_server("random", **self.args)
+
+    def __getattr__(self, name: str):
+        return getattr(self.__dict__["current"], name)
+
+
 @pytest.fixture(scope="module")
 def server(mcp, tmp_path_factory):
-    port, _ = mcp
-    folder = tmp_path_factory.mktemp("server-tools")
-    policy = folder / "approvals.json"
-    policy.write_text(json.dumps({"rules": [
-        {"tools": ["container__exec"], "approval": "required", "scopes": ["once", "session"]},
-        {"tools": ["container__slow"], "approval": "required", "expires_in": 5}]}))
-    started = start_cli_server("random", options=["--parser", "allowed_openai", "--one-flag"],
-                               extra_args=["--tool-server", f"127.0.0.1:{port}"],
-                               env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container",
-                                    "VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
-                                    "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(folder / "grants.db")})
-    yield started
-    stop_cli_server(started)
+    served = Served(mcp[0], tmp_path_factory.mktemp("server-tools"))
+    yield served
+    stop_cli_server(served.current)
 
 
 def executions(mcp) -> list[dict]:
@@ -332,3 +350,48 @@ def test_a_streamed_ungated_call_shows_its_output_after_it_ran(server, mcp):
     assert done[0].output == f"ls ran {ran[0]['cmd']!r}" and done[0].status == "completed"
     assert done[-1].status == "incomplete"   # the call after max_tool_calls, not run
     assert [i["output"] for i in items(final) if i["type"] == "mcp_call"][0] == done[0].output
+
+
+def _store_rows(path, elicitation_id: str) -> tuple[str | None, tuple | None]:
+    conn = sqlite3.connect(path)
+    try:
+        status = conn.execute("SELECT status FROM elicitations WHERE id = ?",
+                              (elicitation_id,)).fetchone()
+        run = conn.execute("SELECT recipient, output FROM server_executions WHERE "
+                           "elicitation_id = ?", (elicitation_id,)).fetchone()
+        return (status[0] if status else None), run
+    finally:
+        conn.close()
+
+
+def test_zz_the_api_server_killed_between_an_accept_and_the_run(server, mcp):
+    """Last in the module: it kills the server and starts it again on the same grant store."""
+    approval = only("mcp_approval_request", pause(server, mcp, "ls", seed=11))
+    before = len(executions(mcp))
+    body = request("ls", seed=11, input_=answer_mcp(approval, True))
+    tool_server = mcp[2]
+    os.kill(tool_server.pid, signal.SIGSTOP)   # vLLM now waits to open the tool session
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        pending = pool.submit(lambda: client(server).with_options(timeout=120).responses.create(**body))
+        deadline = time.monotonic() + 60
+        while _store_rows(server.store, approval["id"])[0] != "accepted":
+            assert time.monotonic() < deadline, "the accept was never consumed"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        kill_server_hard(server.current.process.pid)   # accepted, not yet run
+    finally:
+        os.kill(tool_server.pid, signal.SIGCONT)
+    with pytest.raises(Exception):
+        pending.result(timeout=60)
+    pool.shutdown()
+    assert len(executions(mcp)) == before
+    assert _store_rows(server.store, approval["id"]) == ("accepted", None)   # the approval kept
+    server.restart()
+    output = items(client(server).responses.create(**body))
+    assert [e["tool"] for e in executions(mcp)[before:]] == ["ls"], output
+    assert output[0]["approval_request_id"] == approval["id"] and output[0]["output"]
+    client(server).responses.create(**body)
+    assert len(executions(mcp)) == before + 1
+    status, run = _store_rows(server.store, approval["id"])
+    assert status == "accepted" and run == ("container.ls", output[0]["output"])

@@ -247,9 +247,11 @@ class ServerToolStream:
         try:
             if self._resumed_item is not None:
                 # the snapshot is vLLM's; the resumed call is shown as streamed
-                output = [i for i in response.get("output") or [] if not (
-                    _is_server_item(i) and i.get("arguments") == self._resumed_item["arguments"]
-                    and i.get("name") in (self._resumed_item["name"], self.turn.resume.target.recipient))]
+                output = list(response.get("output") or [])
+                first = next((n for n, i in enumerate(output) if _is_server_item(i)), None)
+                if first is not None and output[first].get("arguments") == \
+                        self._resumed_item["arguments"]:
+                    del output[first]   # vLLM's item of the resumed call: shown as streamed
                 response["output"] = output
                 view = _shifted_turn(self.turn)
                 view.resume = None
