@@ -375,3 +375,25 @@ def test_a_selection_or_a_named_function_without_server_entries_allows_none(engi
                      engine)
     assert named.only_server and named.turn.decide("container.ls", "{}").verdict == "execute"
     assert named.turn.decide("container.exec", "{}").verdict == "refuse"
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.sampled_from(["always", "never", "tool_names",
+                                                        "read_only", "x"]), inner, max_size=3),
+                     max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON, st.sampled_from(["ls", "exec", "rm"]))
+def test_any_require_approval_is_read_or_refused_naming_it_and_never_widens(value, name):
+    try:
+        parsed = read_require_approval(value, "tools[0].require_approval")
+    except AllowedToolsError as error:
+        assert error.status == 400 and error.param.startswith("tools[0].require_approval")
+        return
+    if value != "never" and not (isinstance(value, dict) and isinstance(value.get("never"), dict)
+                                 and name in (value["never"].get("tool_names") or [])
+                                 and not (isinstance(value.get("always"), dict) and name in (
+                                     value["always"].get("tool_names") or []))):
+        assert parsed.gates(name), (value, name)   # only "never" or a never-list ever exempts
