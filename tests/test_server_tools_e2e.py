@@ -352,6 +352,34 @@ def test_a_streamed_ungated_call_shows_its_output_after_it_ran(server, mcp):
     assert [i["output"] for i in items(final) if i["type"] == "mcp_call"][0] == done[0].output
 
 
+def test_a_client_gone_while_a_call_waits_for_approval_runs_nothing(server, mcp):
+    before = len(executions(mcp))
+    payload = request("ls", seed=12, stream=True)
+    payload.update(payload.pop("extra_body"))
+    with httpx.stream("POST", f"{server.base_url}/responses", json=payload, timeout=60,
+                      headers={"Authorization": "Bearer key-a"}) as reply:
+        assert reply.status_code == 200
+        next(reply.iter_lines())   # the stream started; the client leaves
+    time.sleep(3)
+    assert len(executions(mcp)) == before
+    # the next turn of the same client is served as usual: its call pauses again
+    assert only("mcp_approval_request", pause(server, mcp, "ls", seed=12))
+
+
+def test_a_streamed_elicitation_is_answered_and_runs_once(server, mcp):
+    api = client(server)
+    before = len(executions(mcp))
+    final, events = streamed(api, request("exec", require_approval="never", seed=13))
+    elicitation = only("elicitation", items(final))
+    assert [e.item.type for e in events if e.type == "response.output_item.added"][-1] == "elicitation"
+    answer = [USER, elicitation, {"type": "elicitation_response", "id": "resp_accept_13",
+                                  "elicitation_id": elicitation["id"], "action": "accept",
+                                  "scope": "once"}]
+    final, events = streamed(api, request("exec", require_approval="never", seed=13, input_=answer))
+    assert [e["tool"] for e in executions(mcp)[before:]] == ["exec"], events
+    assert items(final)[0]["approval_request_id"] == elicitation["id"]
+
+
 def _store_rows(path, elicitation_id: str) -> tuple[str | None, tuple | None]:
     conn = sqlite3.connect(path)
     try:
