@@ -237,9 +237,11 @@ class GuardingMiddleware:
             return prepare_server_turn(data, tools, engine=None, headers=[], harmony=self.harmony,
                                        hook=hook_status(), operator_engine=False,
                                        render=True)
-        return prepare_server_turn(data, tools, engine=self.server_engine,
-                                   headers=scope.get("headers", []), harmony=self.harmony,
-                                   hook=hook_status(), operator_engine=self.approvals is not None)
+        prepared = prepare_server_turn(data, tools, engine=self.server_engine,
+                                       headers=scope.get("headers", []), harmony=self.harmony,
+                                       hook=hook_status(), operator_engine=self.approvals is not None)
+        # off the harmony path with no policy (else refused above): vLLM serves it as it would
+        return prepared if self.harmony else None
 
     def _placement_for(self, data: dict, api: Api) -> str:
         """The served template's placement, or that of a template the request brings (vLLM
