@@ -8,7 +8,8 @@ gpt-oss, ``vllm-allowed-tools serve-tiny --parser allowed_openai --one-flag -- -
 own log. The model is held to the call by the plugin's own grammar (``allowed_tools`` naming the
 mcp tool), the marker nudges of ``test_gpt_oss_e2e`` and a ``seed``.
 
-One server for the module. The operator's policy gates ``container__exec`` (an elicitation) and
+A second MCP server named ``python`` (the tool vLLM's python built-in calls, logging to the same
+file) sits behind the same ``--tool-server`` list. One server configuration for the module. The operator's policy gates ``container__exec`` (an elicitation) and
 ``container__slow`` (expires in 5 s); ``ls`` has no rule, so only a client's ``require_approval``
 pauses it.
 """
@@ -45,32 +46,36 @@ def mcp(tmp_path_factory):
     log = folder / "executions.log"
     log.write_text("")
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "vllm_allowed_tools.testing.mcp_server",
-                                "--port", str(port), "--log", str(log), "--name", "container"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ports = (free_port(), free_port())
+    processes = [subprocess.Popen([sys.executable, "-m", "vllm_allowed_tools.testing.mcp_server",
+                                   "--port", str(p), "--log", str(log), "--name", name],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for p, name in zip(ports, ("container", "python"))]
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.2)
-    yield port, log, process
-    process.terminate()
-    process.wait(10)
+    for p in ports:
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", p)) == 0:
+                    break
+            time.sleep(0.2)
+    yield ",".join(f"127.0.0.1:{p}" for p in ports), log, processes[0]
+    for process in processes:
+        process.terminate()
+        process.wait(10)
 
 
 class Served:
     """The module's server; :meth:`restart` starts it again on the same store (the kill test)."""
 
-    def __init__(self, port: int, folder) -> None:
+    def __init__(self, tool_servers: str, folder) -> None:
         self.store = folder / "grants.db"
         policy = folder / "approvals.json"
         policy.write_text(json.dumps({"rules": [
             {"tools": ["container__exec"], "approval": "required", "scopes": ["once", "session"]},
             {"tools": ["container__slow"], "approval": "required", "expires_in": 5}]}))
         self.args = dict(options=["--parser", "allowed_openai", "--one-flag"],
-                         extra_args=["--tool-server", f"127.0.0.1:{port}"],
-                         env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container",
+                         extra_args=["--tool-server", tool_servers],
+                         env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container,code_interpreter",
                               "VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
                               "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(self.store)})
         self.current = start_cli_server("random", **self.args)
@@ -378,6 +383,24 @@ def test_a_streamed_elicitation_is_answered_and_runs_once(server, mcp):
     final, events = streamed(api, request("exec", require_approval="never", seed=13, input_=answer))
     assert [e["tool"] for e in executions(mcp)[before:]] == ["exec"], events
     assert items(final)[0]["approval_request_id"] == elicitation["id"]
+
+
+def test_the_python_built_in_pauses_and_runs_once_after_an_accept(server, mcp):
+    tools = [{"type": "mcp", "server_label": "code_interpreter", "require_approval": "always"}]
+    choice = {"type": "allowed_tools", "mode": "required",
+              "tools": [{"type": "mcp", "server_label": "code_interpreter"}]}
+    before = len(executions(mcp))
+    first = items(client(server).responses.create(**request("python", seed=14, tools=tools,
+                                                            tool_choice=choice)))
+    approval = only("mcp_approval_request", first)
+    assert (approval["server_label"], approval["name"]) == ("code_interpreter", "python")
+    assert len(executions(mcp)) == before
+    body = request("python", seed=14, tools=tools, tool_choice=choice,
+                   input_=answer_mcp(approval, True))
+    output = items(client(server).responses.create(**body))
+    assert [e["tool"] for e in executions(mcp)[before:]] == ["python"], output
+    assert output[0]["type"] == "mcp_call" and output[0]["approval_request_id"] == approval["id"]
+    assert output[0]["output"] == f"python ran {approval['arguments']!r}"
 
 
 def _store_rows(path, elicitation_id: str) -> tuple[str | None, tuple | None]:

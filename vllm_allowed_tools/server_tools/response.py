@@ -90,6 +90,11 @@ def _resumed_item(turn: ServerTurn) -> dict[str, Any] | None:
     return item
 
 
+def _reasoning_text(item: Mapping[str, Any]) -> str:
+    return "".join(part.get("text", "") for part in item.get("content") or ()
+                   if isinstance(part, Mapping))
+
+
 def _stopped_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return {**item, "status": "incomplete",
             "error": mcp_error("max_tool_calls reached; this call was not run")}
@@ -134,6 +139,12 @@ def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, A
         new[i] = _executed_item(turn, runs, new[i])
         runs += 1
     if resume is not None and not server_at:
+        if resume.target.builtin == "python":   # vLLM shows a python call as reasoning
+            at = next((i for i, it in enumerate(new) if isinstance(it, Mapping)
+                       and it.get("type") == "reasoning"
+                       and _reasoning_text(it) == resume.arguments), None)
+            if at is not None:
+                del new[at]
         item = _resumed_item(turn)
         if item is not None:
             new.insert(0, item)

@@ -4,7 +4,8 @@ the tool answers), so tests assert on what really ran.
 
     python -m vllm_allowed_tools.testing.mcp_server --port 8931 --log /tmp/exec.log [--name container]
 
-Tools: ``exec`` and ``ls`` (``cmd``: ``"ls"``, ``"pwd"`` or ``"date"``, so a random model's
+Named ``python``: one tool ``python`` (``code``), as vLLM's python built-in calls it. Otherwise:
+``exec`` and ``ls`` (``cmd``: ``"ls"``, ``"pwd"`` or ``"date"``, so a random model's
 arguments are always complete), and ``slow`` (waits ``--slow-seconds`` after logging, for the disconnect tests).
 """
 
@@ -36,6 +37,11 @@ def build(name: str, log_path: str, slow_seconds: float = 3.0):
     from mcp.server.mcpserver import MCPServer
     server = MCPServer(name, instructions=f"A test {name}: every run is logged.")
     log = _logger(log_path)
+    if name == "python":   # what vLLM's python built-in calls: the tool "python" with {"code"}
+        @server.tool(name="python", description="Run Python code.")
+        def python(code: str) -> str:
+            return log("python", code)
+        return server
 
     @server.tool(name="exec", description="Run a command.")
     def exec_(cmd: Cmd) -> str:
