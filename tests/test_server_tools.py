@@ -397,3 +397,17 @@ def test_any_require_approval_is_read_or_refused_naming_it_and_never_widens(valu
                                  and not (isinstance(value.get("always"), dict) and name in (
                                      value["always"].get("tool_names") or []))):
         assert parsed.gates(name), (value, name)   # only "never" or a never-list ever exempts
+
+
+def test_the_server_side_items_and_events_are_checked_as_openai_shapes():
+    from vllm_allowed_tools.response.conformance import check, check_event, conformed_event
+    from vllm_allowed_tools.server_tools.response import mcp_error
+    call = {**_mcp_item(), "output": "x", "approval_request_id": "elicit_1",
+            "error": mcp_error("no")}
+    assert check(call, "ItemField") == []
+    assert check({"type": "mcp_approval_request", "id": "e", "server_label": "container",
+                  "name": "ls", "arguments": "{}"}, "ItemField") == []
+    assert check({**call, "error": "a string"}, "ItemField")              # OpenAI's shape only
+    done = {"type": "response.mcp_call_arguments.done", "sequence_number": 3, "item_id": "mcp_1",
+            "output_index": 0, "arguments": "{}", "name": "container.ls"}
+    assert check_event(done) and check_event(conformed_event(done)) == []
