@@ -17,13 +17,13 @@ from vllm_allowed_tools.approvals import ApprovalEngine
 from vllm_allowed_tools.approvals.policy import ApprovalPolicy
 from vllm_allowed_tools.approvals.store import SQLiteGrantStore
 from vllm_allowed_tools.errors import AllowedToolsError
+from vllm_allowed_tools.response import ResponsesStream
+from vllm_allowed_tools.response.violations import AllowedToolsViolation
 from vllm_allowed_tools.server_tools import read_server_tools, recipient_target
 from vllm_allowed_tools.server_tools.request import prepare_server_turn, split_selection
 from vllm_allowed_tools.server_tools.response import ServerToolStream, apply_to_response
 from vllm_allowed_tools.server_tools.tools import read_require_approval
-from vllm_allowed_tools.server_tools.turn import HookStatus, ServerTurn, ServerTurnFilter
-from vllm_allowed_tools.response import ResponsesStream
-from vllm_allowed_tools.response.violations import AllowedToolsViolation
+from vllm_allowed_tools.server_tools.turn import HookStatus, ServerTurnFilter
 
 MCP = {"type": "mcp", "server_label": "container", "require_approval": "never"}
 ON = HookStatus(True, "test")
@@ -109,6 +109,7 @@ def _vllm_dispatch(recipient: str):
     recording sessions), or None when it runs nothing."""
     from openai_harmony import Author, Message, Role, TextContent
     from vllm.entrypoints.openai.responses.context import HarmonyContext
+
     import vllm_allowed_tools.vllm_glue.server_tool_hook as hook
     context = object.__new__(HarmonyContext)
     log: list = []

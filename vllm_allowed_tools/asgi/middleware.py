@@ -43,8 +43,6 @@ from ..server_tools.turn import register, unregister
 from ..settings import PLAIN_CATALOG, Settings
 from .authentication import find_authentication
 from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
-from .server_tools import store_only_engine as _store_only_engine
-from .server_tools import with_server_turn as _with_server_turn
 from .routes import (
     RouteDecision,
     carries_tools,
@@ -53,6 +51,8 @@ from .routes import (
     log_route_table,
     matched_template,
 )
+from .server_tools import store_only_engine as _store_only_engine
+from .server_tools import with_server_turn as _with_server_turn
 
 #: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
 CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"

@@ -110,9 +110,7 @@ class RequireApproval:
             return self.mode == "always"
         if self.always is not None and self.always.matches(name, unknown_read_only=True):
             return True
-        if self.never is not None and self.never.matches(name, unknown_read_only=False):
-            return False
-        return True
+        return self.never is None or not self.never.matches(name, unknown_read_only=False)
 
 
 def _names(value: Any, param: str) -> frozenset[str]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..approvals.digests import arguments_digest
-from ..approvals.outcomes import Decline, ProposedCall, Release
 from ..approvals.items import ToolCallApproval
+from ..approvals.outcomes import Decline, ProposedCall, Release
 from ..call_filter import CallFilter, CallKind
 from .tools import ITEM_TYPE, ServerTarget, ServerTool, ServerTools, recipient_target
 
@@ -181,7 +181,7 @@ class ServerTurn:
                             hint={"required": True} if wire == "mcp" else None)
         try:
             result = self.propose(call)
-        except Exception as exc:   # the store is down, a bad hint: fail closed
+        except Exception as exc:   # noqa: BLE001 - the store is down, a bad hint: fail closed
             return ServerDecision("refuse", target, arguments,
                                   f"its approval could not be decided ({type(exc).__name__})", tool)
         if isinstance(result, Release):
