@@ -127,7 +127,9 @@ class GuardedSend:
     def __init__(self, send: Send, api: Api, call_filter: Any, echo: dict[str, Any], stop: StopSignal,
                  spec_version: tuple[int, ...], approvals: Any = None,
                  commit: Callable[[], Any] | None = None,
-                 contract: OutputContract | None = None, check_log: CheckLog | None = None) -> None:
+                 contract: OutputContract | None = None, check_log: CheckLog | None = None,
+                 server_turn: Any = None) -> None:
+        self._server_turn = server_turn   # the server-side calls vLLM's loop decided (server_tools)
         self._contract = contract if contract is not None else NAMES_ONLY
         self._approvals = approvals
         self._commit = commit
@@ -229,6 +231,9 @@ class GuardedSend:
             ResponsesStreamGuard(self._call_filter, stream=stream, contract=self._contract)
         if self._approvals is not None:
             ApprovalStream(self._approvals, stream=stream)
+        if self._server_turn is not None:
+            from ..server_tools.response import ServerToolStream
+            ServerToolStream(self._server_turn, stream)
         return stream
 
     async def _unary(self, message: Message) -> None:
@@ -278,10 +283,14 @@ class GuardedSend:
                      if isinstance(item, dict) and item.get("type") == "function_call"]
             decisions = await asyncio.to_thread(self._approvals.decide, calls) if calls else {}
             self._approvals.apply_to_response(data, decisions)
+        if self._server_turn is not None and self._api == "responses":
+            from ..server_tools.response import apply_to_response
+            apply_to_response(self._server_turn, data)   # a refused call: the violation
         conformed = conformed_response(data) if self._api == "responses" else data
         if self._echo:
             restore_echo(conformed, self._echo)
-        if changed or self._approvals is not None or self._echo or conformed is not data:
+        if changed or self._approvals is not None or self._echo or conformed is not data \
+                or self._server_turn is not None:
             return json.dumps(conformed).encode()
         return self._buffer
 

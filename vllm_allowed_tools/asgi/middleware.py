@@ -37,6 +37,9 @@ from ..response.asgi import Receive, Scope, Send
 from ..response.conformance_check import CheckLog
 from ..response.contract import OutputContract
 from ..response.sse import SSEEvent
+from ..server_tools import hook_status, read_server_tools
+from ..server_tools.request import PreparedServerTurn, prepare_server_turn
+from ..server_tools.turn import register, unregister
 from ..settings import PLAIN_CATALOG, Settings
 from .authentication import find_authentication
 from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
@@ -48,6 +51,8 @@ from .routes import (
     log_route_table,
     matched_template,
 )
+from .server_tools import store_only_engine as _store_only_engine
+from .server_tools import with_server_turn as _with_server_turn
 
 #: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
 CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
@@ -104,6 +109,12 @@ class GuardingMiddleware:
         self.strict_all = settings.launch.strict_level_parameter
         # None: approvals off; a bad policy file stops start-up
         self.approvals = engine_from_settings(settings)
+        # what server-side calls are recorded with: the approvals' engine, or (approvals off) one
+        # with no rules over the configured grant store, for the clients' require_approval
+        self.server_engine = self.approvals if self.approvals is not None \
+            else _store_only_engine(settings)
+        #: whether the model is served on vLLM's harmony path (the subclass knows; see vllm_glue)
+        self.harmony = getattr(self, "harmony", False)
         self._check_log = CheckLog.from_settings(settings)   # the Open Responses check mode
         self.app = app
         self._auth = find_authentication(app, settings)
@@ -145,6 +156,13 @@ class GuardingMiddleware:
         """A tool-bearing request: rewritten for vLLM, its answer guarded on the way out."""
         api: Api = route.api   # type: ignore[assignment]
         render = route.decision == "render"
+        server: PreparedServerTurn | None = None
+        if api == "responses":
+            server = await self._server_step(scope, send, data, render)
+            if server is False:
+                return   # answered already
+            if server is not None:
+                data = server.body
         try:
             placement = self._placement_for(data, api)
             rewritten = rewrite_request(data, api, placement, self.settings.launch.tool_call_parser)
@@ -174,6 +192,9 @@ class GuardingMiddleware:
             if turn.chat is not None and call_filter is not None:   # decided: the guard backstops
                 call_filter = turn.chat.call_filter(call_filter)
         rewritten = _with_policy_block(rewritten, api, placement)
+        if server is not None:
+            rewritten, call_filter, contract = _with_server_turn(rewritten, server, call_filter,
+                                                                 contract)
         if rewritten.changed:
             body = json.dumps(rewritten.body).encode()
             scope = dict(scope, headers=with_content_length(list(scope.get("headers", [])), len(body)))
@@ -181,8 +202,46 @@ class GuardingMiddleware:
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
         send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec,
-                           response_approvals, commit, contract=contract, check_log=self._check_log)
-        await self.app(scope, stop.receive(body, receive), send)
+                           response_approvals, commit, contract=contract, check_log=self._check_log,
+                           server_turn=server.turn if server is not None and not render else None)
+        await self._run(scope, stop.receive(body, receive), send,
+                        server.turn if server is not None and not render else None)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, turn: Any) -> None:
+        """vLLM serves the request; a server-side turn is findable by its loop meanwhile."""
+        if turn is None:
+            await self.app(scope, receive, send)
+            return
+        register(turn)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            unregister(turn)
+
+    async def _server_step(self, scope: Scope, send: Send, data: dict, render: bool) -> Any:
+        """The server-side turn (None: no server-side tools; False: answered with an error)."""
+        try:
+            return await asyncio.to_thread(self._server_turn, scope, data, render)
+        except AllowedToolsError as exc:
+            if isinstance(exc, GrantStoreUnavailable):
+                log_store_down(exc)
+            await _send_json(send, exc.status, exc.to_openai(), error_headers(exc))
+            return False
+
+    def _server_turn(self, scope: Scope, data: dict, render: bool) -> PreparedServerTurn | None:
+        """The request's server-side tools decided here (blocking: answers read the store)."""
+        tools = read_server_tools(data)
+        if not tools:
+            return None
+        if render:
+            return prepare_server_turn(data, tools, engine=None, headers=[], harmony=self.harmony,
+                                       hook=hook_status(), operator_engine=False,
+                                       render=True)
+        prepared = prepare_server_turn(data, tools, engine=self.server_engine,
+                                       headers=scope.get("headers", []), harmony=self.harmony,
+                                       hook=hook_status(), operator_engine=self.approvals is not None)
+        # off the harmony path with no policy (else refused above): vLLM serves it as it would
+        return prepared if self.harmony else None
 
     def _placement_for(self, data: dict, api: Api) -> str:
         """The served template's placement, or that of a template the request brings (vLLM

@@ -54,6 +54,9 @@ class WireAllowlist(CallFilter):
     allowlist_digest: str
     #: the catalog's custom tools by name: (syntax, definition) of a grammar, None for free text
     custom: Mapping[str, tuple[str, str] | None] = field(default_factory=dict, hash=False)
+    #: the server-side recipients this turn may write: (built-in, tool name or None for any of its
+    #: tools) (``vllm_allowed_tools.server_tools``); empty: none
+    server: tuple[tuple[str, str | None], ...] = ()
 
     @classmethod
     def from_wire(cls, data: Any) -> WireAllowlist | None:
@@ -66,7 +69,9 @@ class WireAllowlist(CallFilter):
                    catalog_digest=str(data["catalog_digest"]),
                    allowlist_digest=str(data["allowlist_digest"]),
                    custom={str(name): (str(grammar[0]), str(grammar[1])) if grammar else None
-                           for name, grammar in custom.items()})
+                           for name, grammar in custom.items()},
+                   server=tuple((str(b), None if n is None else str(n))
+                                for b, n in data.get("server") or ()))
 
     def is_allowed(self, flat_name: str | None) -> bool:
         return flat_name is not None and flat_name in self.allowed

@@ -35,7 +35,11 @@ from typing import Any
 from .openai_extensions import (
     CUSTOM_TOOL_CALL,
     EXTENSION_EVENTS,
+    MCP_APPROVAL_REQUEST,
+    MCP_CALL,
     custom_tool_call_schema,
+    mcp_approval_request_schema,
+    mcp_call_schema,
     with_custom_choices_as_functions,
 )
 
@@ -75,7 +79,9 @@ def _prepared() -> dict[str, Any]:
     elicitation = {k: v for k, v in elicitation_schema().items() if k != "$schema"}
     schemas["ItemField"] = _dispatching(schemas["ItemField"], schemas,
                                         extra={ELICITATION: elicitation,
-                                               CUSTOM_TOOL_CALL: custom_tool_call_schema()})
+                                               CUSTOM_TOOL_CALL: custom_tool_call_schema(),
+                                               MCP_CALL: mcp_call_schema(),
+                                               MCP_APPROVAL_REQUEST: mcp_approval_request_schema()})
     _walk(doc, schemas)
     schemas.update(dict(EXTENSION_EVENTS.values()))
     return doc
@@ -345,4 +351,7 @@ def conformed_event(event: Any, *, now: Callable[[], float] = time.time) -> Any:
     new = {**event, **fixed} if fixed else event
     if "logprobs" in new and new["logprobs"] is None:
         new = {k: v for k, v in new.items() if k != "logprobs"}
+    if kind == "response.mcp_call_arguments.done" and "name" in new:
+        # vLLM adds the call's name, which OpenAI's event does not have (it is on the item)
+        new = {k: v for k, v in new.items() if k != "name"}
     return new

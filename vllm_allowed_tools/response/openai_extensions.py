@@ -38,6 +38,36 @@ def custom_tool_call_schema() -> dict[str, Any]:
 
 
 
+MCP_CALL = "mcp_call"
+MCP_APPROVAL_REQUEST = "mcp_approval_request"
+_MCP_ERROR = {"anyOf": [{"type": "null"}, {
+    "type": "object", "additionalProperties": False, "required": ["type"],
+    "properties": {"type": {"enum": ["mcp_protocol_error", "mcp_tool_execution_error",
+                                     "http_error"]},
+                   "code": _INTEGER, "message": _STRING, "content": {}}}]}
+
+
+def mcp_call_schema() -> dict[str, Any]:
+    """An ``mcp_call`` output item (``openai.types.responses.response_output_item.McpCall``): a
+    call the server ran (or did not) on an MCP server (``docs/server-side-tools.md``)."""
+    return {"type": "object", "additionalProperties": False,
+            "required": ["type", "id", "arguments", "name", "server_label"],
+            "properties": {"type": {"const": MCP_CALL}, "id": _STRING, "arguments": _STRING,
+                           "name": _STRING, "server_label": _STRING,
+                           "approval_request_id": {"type": ["string", "null"]},
+                           "output": {"type": ["string", "null"]}, "error": _MCP_ERROR,
+                           "status": {"enum": ["in_progress", "completed", "incomplete",
+                                               "calling", "failed"]}}}
+
+
+def mcp_approval_request_schema() -> dict[str, Any]:
+    """An ``mcp_approval_request`` output item (``...response_output_item.McpApprovalRequest``)."""
+    return {"type": "object", "additionalProperties": False,
+            "required": ["type", "id", "arguments", "name", "server_label"],
+            "properties": {"type": {"const": MCP_APPROVAL_REQUEST}, "id": _STRING,
+                           "arguments": _STRING, "name": _STRING, "server_label": _STRING}}
+
+
 def _event(kind: str, field: str) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False,
             "required": ["type", "sequence_number", "item_id", "output_index", field],
@@ -45,10 +75,28 @@ def _event(kind: str, field: str) -> dict[str, Any]:
                            "output_index": _INTEGER, field: _STRING, "obfuscation": _STRING}}
 
 
+def _state_event(kind: str) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False,
+            "required": ["type", "sequence_number", "item_id", "output_index"],
+            "properties": {"type": {"const": kind}, "sequence_number": _INTEGER, "item_id": _STRING,
+                           "output_index": _INTEGER}}
+
+
 #: event type -> (the component name it is validated as, its schema)
 EXTENSION_EVENTS: Mapping[str, tuple[str, dict[str, Any]]] = {
     INPUT_DELTA: ("OpenAICustomToolCallInputDeltaEvent", _event(INPUT_DELTA, "delta")),
     INPUT_DONE: ("OpenAICustomToolCallInputDoneEvent", _event(INPUT_DONE, "input")),
+    # an mcp_call's events (openai.types.responses.ResponseMcpCall*Event)
+    "response.mcp_call.in_progress": ("OpenAIMcpCallInProgressEvent",
+                                      _state_event("response.mcp_call.in_progress")),
+    "response.mcp_call.completed": ("OpenAIMcpCallCompletedEvent",
+                                    _state_event("response.mcp_call.completed")),
+    "response.mcp_call.failed": ("OpenAIMcpCallFailedEvent",
+                                 _state_event("response.mcp_call.failed")),
+    "response.mcp_call_arguments.delta": ("OpenAIMcpCallArgumentsDeltaEvent",
+                                          _event("response.mcp_call_arguments.delta", "delta")),
+    "response.mcp_call_arguments.done": ("OpenAIMcpCallArgumentsDoneEvent",
+                                         _event("response.mcp_call_arguments.done", "arguments")),
 }
 
 

@@ -16,7 +16,9 @@ from typing import Any
 from ..asgi.middleware import GuardingMiddleware
 from ..settings import Settings, current
 from .capabilities import activate, check_server_args
+from .harmony_prompt import serves_harmony
 from .served_template import choose_placement
+from .server_tool_hook import install as install_server_tool_hook
 
 
 class AllowedToolsMiddleware(GuardingMiddleware):
@@ -28,4 +30,7 @@ class AllowedToolsMiddleware(GuardingMiddleware):
         settings = current() if settings is None else settings
         self.capabilities = check_server_args(settings)   # fail at start-up when we could not enforce
         activate(self.capabilities)
+        # the hook deciding server-side calls in vLLM's loop (checked and installed once)
+        self.server_tool_hook = install_server_tool_hook()
+        self.harmony = serves_harmony(settings.launch)
         super().__init__(app, settings=settings, placement=choose_placement(settings))

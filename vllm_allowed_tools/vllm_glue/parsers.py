@@ -82,11 +82,27 @@ class AllowedToolsMixin:
             if self.structural_tag_model == self.allowed_tools_own_tag_model:
                 return plain_request_tag(self.allowed_tools_base_parser, request, strict_level)
             return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
+        if allowlist.server and self.structural_tag_model == "harmony":
+            return self._server_tools_tag(request, allowlist, strict_level)
         if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
         subset_tag = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                         max(strict_level, ToolStrictLevel.FUNCTION))
         return subset_tag.tag if subset_tag is not None else None
+
+    def _server_tools_tag(self, request, allowlist: WireAllowlist, strict_level):
+        """Harmony with server-side tools: the allowed functions' tag and the allowed
+        server-side recipients (:mod:`..decode.server_tools`)."""
+        from ..settings import current
+        from ..decode.server_tools import with_server_calls
+        from .server_tool_hook import tool_schemas
+        function_tag = None
+        if allowlist.allowed:
+            built = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
+                                       max(strict_level, ToolStrictLevel.FUNCTION))
+            function_tag = built.tag.model_copy(deep=True) if built is not None else None
+        return with_server_calls(function_tag, allowlist.server, allowlist.mode,
+                                 current().whitespace_limit, tool_schemas)
 
     def adjust_request(self, request):
         allowlist = request_allowlist(request)
@@ -98,7 +114,7 @@ class AllowedToolsMixin:
         probe = super().adjust_request(_narrowed(request, allowlist))
         # an auto turn with nothing callable (every tool needs approval) gets no grammar: free
         # text, and every call parsed from it is dropped below
-        if self.structural_tag_model is not None and allowlist.allowed:
+        if self.structural_tag_model is not None and (allowlist.allowed or allowlist.server):
             request = self._ensure_structural_tag(request, allowlist)
         elif allowlist.mode == "required" and allowlist.allowed:
             request = self._ensure_call_array(request, allowlist)
@@ -145,7 +161,7 @@ class AllowedToolsMixin:
             raise CapabilityError(
                 f"the {self.allowed_tools_base_parser!r} parser produced no structural tag for the "
                 "allowed subset", capability="structural_tag", status=500)
-        if not allowlist.parallel_tool_calls:
+        if not allowlist.parallel_tool_calls and not allowlist.server:
             limit_to_single_tool_call(tag)
         request.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
         if hasattr(request, "response_format"):

@@ -103,7 +103,8 @@ def hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireA
         catalog_digest=allowlist.catalog_digest, allowlist_digest=allowlist.allowlist_digest,
         mode=allowlist.mode,  # type: ignore[arg-type]
         parallel_tool_calls=allowlist.parallel_tool_calls,
-        max_whitespace=current().whitespace_limit) if outputs.structural_tag else None
+        max_whitespace=current().whitespace_limit) \
+        if outputs.structural_tag and not allowlist.server else None
     request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_TAG: tag_json,
                           XARGS_DIGEST: tag_digest(tag_json),
                           **(split.extra_args() if split is not None else {})}

@@ -16,7 +16,8 @@ from ...request import ToolIdentity
 from ..elicitation_types import TOOL_CALL_APPROVAL
 from ..items import ToolCallApproval
 
-__all__ = ["TERMINAL_STATUSES", "ConsumeResult", "ElicitationRecord", "Grant", "GrantStore"]
+__all__ = ["TERMINAL_STATUSES", "ConsumeResult", "ElicitationRecord", "ExecutionRecord", "Grant",
+           "GrantStore"]
 
 #: Terminal statuses of an elicitation record (``pending`` is the only other one).
 TERMINAL_STATUSES = frozenset({"accepted", "declined", "cancelled", "expired", "unanswered",
@@ -123,6 +124,19 @@ class ConsumeResult:
     outcome: Literal["consumed", "expired", "already", "missing"]
     record: ElicitationRecord | None = None
     grant: Grant | None = None
+
+
+@dataclass(frozen=True)
+class ExecutionRecord:
+    """The one execution of an approved server-side call: claimed before it ran; ``output`` once it
+    ran (None with ``finished_at`` None: the outcome is unknown, and it is never run again)."""
+
+    elicitation_id: str
+    recipient: str
+    arguments_digest: str
+    claimed_at: float
+    finished_at: float | None
+    output: str | None
 
 
 @runtime_checkable

@@ -18,7 +18,7 @@ from typing import Any
 
 from ...request import ToolIdentity
 from ...settings import Settings
-from .records import TERMINAL_STATUSES, ConsumeResult, ElicitationRecord, Grant
+from .records import TERMINAL_STATUSES, ConsumeResult, ElicitationRecord, ExecutionRecord, Grant
 
 __all__ = [
     "DEFAULT_STORE_TIMEOUT_S",
@@ -91,6 +91,17 @@ SCHEMA = [
         CHECK ((scope = 'session') = (session IS NOT NULL))
     )""",
     "CREATE INDEX IF NOT EXISTS grants_lookup ON grants (subject, name, namespace)",
+    # one row per approved server-side call (a tool the server runs itself): claimed just before
+    # it runs, its output recorded once it ran; a claim without an output is a call whose outcome
+    # is unknown (the server stopped while it ran): it is never run again
+    """CREATE TABLE IF NOT EXISTS server_executions (
+        elicitation_id TEXT PRIMARY KEY,
+        recipient TEXT NOT NULL,
+        arguments_digest TEXT NOT NULL,
+        claimed_at DOUBLE PRECISION NOT NULL,
+        finished_at DOUBLE PRECISION,
+        output TEXT
+    )""",
     """CREATE TABLE IF NOT EXISTS store_secrets (
         name TEXT PRIMARY KEY,
         value TEXT NOT NULL                  -- hex
@@ -260,6 +271,33 @@ class SQLStore:
         rows = self._read(f"SELECT {_E_COLS} FROM elicitations WHERE status = 'pending' AND "
                           f"batch_id IN ({marks}) ORDER BY created_at, id", ids)
         return [_elicitation_from(row) for row in rows]
+
+    # -- server-side executions
+
+    def claim_execution(self, elicitation_id: str, *, recipient: str, arguments_digest: str,
+                        now: float) -> ExecutionRecord | None:
+        """Claim the one execution of an approved server-side call: None when this call claimed
+        it (run it now, then :meth:`finish_execution`), else the earlier claim (never run again)."""
+        with self._tx() as cur:
+            cur.execute("INSERT INTO server_executions (elicitation_id, recipient, arguments_digest, "
+                        "claimed_at) VALUES (?, ?, ?, ?) ON CONFLICT (elicitation_id) DO NOTHING",
+                        (elicitation_id, recipient, arguments_digest, now))
+            claimed = cur.rowcount == 1
+            if self.before_commit is not None:
+                self.before_commit()
+        return None if claimed else self.get_execution(elicitation_id)
+
+    def finish_execution(self, elicitation_id: str, *, output: str, now: float) -> None:
+        with self._tx() as cur:
+            cur.execute("UPDATE server_executions SET output = ?, finished_at = ? "
+                        "WHERE elicitation_id = ? AND finished_at IS NULL",
+                        (output, now, elicitation_id))
+
+    def get_execution(self, elicitation_id: str) -> ExecutionRecord | None:
+        rows = self._read("SELECT elicitation_id, recipient, arguments_digest, claimed_at, "
+                          "finished_at, output FROM server_executions WHERE elicitation_id = ?",
+                          (elicitation_id,))
+        return ExecutionRecord(*rows[0]) if rows else None
 
     # -- grants
 

@@ -1,0 +1,102 @@
+"""The harmony grammar of a turn that may call server-side tools: only the allowed recipients.
+
+vLLM's own harmony tag leaves the recipient free as soon as a built-in tool is offered
+(``get_harmony_structural_tag``: ``to=`` then any text). Here the turn's tag admits the allowed
+functions (vLLM's builder, as for any turn) and, for each allowed server-side tool, exactly its
+recipients as vLLM's dispatch reads them (``container.<tool>``, ``browser.<search|open|find>``,
+``python``), the arguments a JSON object (``python``: the code, any text). The tool catalog stays
+whole in the prompt; only what may be written is narrowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from xgrammar import StructuralTag
+from xgrammar.structural_tag import (
+    AnyTextFormat,
+    ConstStringFormat,
+    JSONSchemaFormat,
+    OptionalFormat,
+    OrFormat,
+    RegexFormat,
+    SequenceFormat,
+    TagFormat,
+)
+
+#: the tools vLLM's browser dispatches (``browser.<name>``)
+BROWSER_TOOLS = ("search", "open", "find")
+_CALL_END = [""]   # a call ends at <|call|>, a stop token: the grammar ends, the stop follows
+_OBJECT = {"type": "object"}
+
+
+def _preamble(channel: str) -> OptionalFormat:
+    return OptionalFormat(content=SequenceFormat(elements=[
+        TagFormat(begin=f"<|channel|>{channel}<|message|>", content=AnyTextFormat(), end="<|end|>"),
+        ConstStringFormat(value="<|start|>assistant")]))
+
+
+def _object_schema(schema: Any) -> dict[str, Any]:
+    """A tool's input schema as the call's arguments grammar: an object, no keys it does not name
+    (an MCP server validates its arguments against it; extra keys never reach the tool)."""
+    if not isinstance(schema, Mapping) or schema.get("type") not in (None, "object"):
+        return dict(_OBJECT)
+    out = {k: v for k, v in schema.items() if k not in ("title", "$schema")}
+    out["type"] = "object"
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whitespace: int | None,
+                        listings: Callable[[str], Mapping[str, Any] | None] = lambda builtin: None) -> list[Any]:
+    """One format per allowed recipient (``(built-in, tool name or None for any of its tools)``);
+    ``listings``: the tools the tool server lists for a built-in (name -> input schema), which
+    give a recipient without a name its names and every call its arguments' schema."""
+    formats: list[Any] = []
+    ws = {} if max_whitespace is None else {"max_whitespace_cnt": max(1, max_whitespace)}
+    for builtin, name in recipients:
+        if builtin == "python":
+            formats.append(TagFormat(begin="<|channel|>commentary to=python<|message|>",
+                                     content=AnyTextFormat(excludes=["<|start|>", "<|end|>"]),
+                                     end=_CALL_END))
+            continue
+        listed = listings(builtin) or {}
+        names: Sequence[str | None] = [name]
+        if name is None:
+            names = sorted(listed) if listed else (BROWSER_TOOLS if builtin == "browser" else [None])
+        for tool in names:
+            arguments = JSONSchemaFormat(json_schema=_object_schema(listed.get(tool or "")), **ws)
+            if tool is not None:
+                formats.append(TagFormat(
+                    begin=f"<|channel|>commentary to={builtin}.{tool} <|constrain|>json<|message|>",
+                    content=arguments, end=_CALL_END))
+            else:   # any tool of this server: a plain identifier, as MCP names are
+                formats.append(SequenceFormat(elements=[
+                    ConstStringFormat(value=f"<|channel|>commentary to={builtin}."),
+                    RegexFormat(pattern=r"[A-Za-z_][A-Za-z0-9_\-]{0,63}"),
+                    ConstStringFormat(value=" <|constrain|>json<|message|>"), arguments]))
+    return formats
+
+
+def with_server_calls(function_tag: StructuralTag | None, recipients: Sequence[tuple[str, str | None]],
+                      mode: str, max_whitespace: int | None,
+                      listings: Callable[[str], Mapping[str, Any] | None] = lambda builtin: None) -> StructuralTag:
+    """The turn's tag: ``function_tag`` (vLLM's harmony tag over the allowed functions, or None
+    when none is allowed) with the allowed server-side recipients added to its alternatives; in
+    ``auto`` mode a final answer stays admitted."""
+    extra = server_call_formats(recipients, max_whitespace, listings)
+    if function_tag is not None:
+        body = function_tag.format
+        if isinstance(body, SequenceFormat) and body.elements and isinstance(body.elements[-1], OrFormat):
+            body.elements[-1].elements.extend(extra)
+            return function_tag
+        return StructuralTag(format=OrFormat(elements=[body, *extra]))
+    alternatives = list(extra)
+    if mode == "auto":
+        alternatives += [TagFormat(begin=f"<|channel|>final{constrain}<|message|>",
+                                   content=AnyTextFormat(), end=["<|end|>", ""])
+                         for constrain in ("", " <|constrain|>json", " json")]
+    return StructuralTag(format=SequenceFormat(elements=[
+        _preamble("analysis"), _preamble("commentary"), OrFormat(elements=alternatives)]))

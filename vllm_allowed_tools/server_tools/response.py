@@ -1,0 +1,286 @@
+"""The response side of server-side tools: what the client sees of each call the hook decided.
+
+vLLM writes every server-side call into the response as an item (``mcp_call`` for ``container``,
+``web_search_call`` for ``browser``; unary ``python`` calls are reasoning items, streamed ones
+``code_interpreter_call``), executed or not. The hook's :class:`~.turn.ServerTurn` says which ran
+(their ``mcp_call`` gets its ``output`` and ``approval_request_id``), which paused (the item
+becomes the approval item: ``mcp_approval_request`` or an ``elicitation``) and which was refused
+(the turn ends as a violation). Pure over JSON; no vLLM.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from ..response import NEXT_NUMBER, ResponsesStream
+from ..response.violations import AllowedToolsViolation
+from .turn import ServerDecision, ServerTurn
+
+__all__ = ["ServerToolStream", "apply_to_response", "approval_item", "refusal_violation"]
+
+SERVER_ITEM_TYPES = frozenset({"mcp_call", "web_search_call", "code_interpreter_call"})
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+def approval_item(decision: ServerDecision) -> dict[str, Any]:
+    """The item a paused call is sent as."""
+    approval = decision.approval
+    assert approval is not None and decision.tool is not None
+    if decision.wire == "mcp":
+        return {"type": "mcp_approval_request", "id": approval.id,
+                "server_label": decision.tool.namespace, "name": decision.target.tool_name,
+                "arguments": decision.arguments}
+    return approval.to_json()
+
+
+def refusal_violation(decision: ServerDecision, *, source: str) -> AllowedToolsViolation:
+    return AllowedToolsViolation(
+        f"The model called the server-side tool {decision.target.recipient!r}, which may not run "
+        f"this turn ({decision.reason}); it was not run and the response stopped "
+        "(allowed_tools_violation).", name=decision.target.recipient, source=source,
+        kind="builtin")
+
+
+def mcp_error(text: str) -> dict[str, Any]:
+    """An ``mcp_call``'s ``error`` (OpenAI's ``McpToolExecutionError``)."""
+    return {"type": "mcp_tool_execution_error", "content": [{"type": "text", "text": text}]}
+
+
+def _is_server_item(item: Any) -> bool:
+    return isinstance(item, Mapping) and item.get("type") in SERVER_ITEM_TYPES
+
+
+def _executed_item(turn: ServerTurn, index: int, item: Mapping[str, Any]) -> dict[str, Any]:
+    """``item`` (the ``index``-th executed call's) with what the run gave."""
+    out = dict(item)
+    if index < len(turn.executed) and out.get("type") == "mcp_call":
+        run = turn.executed[index]
+        if run.output is not None:
+            out["output"] = run.output
+        if run.error is not None:
+            out["error"] = mcp_error(run.output or run.error)
+        if run.elicitation_id is not None:
+            out["approval_request_id"] = run.elicitation_id
+        out["status"] = "completed" if run.error is None else "failed"
+    return out
+
+
+def _resumed_item(turn: ServerTurn) -> dict[str, Any] | None:
+    """The item of the call this request resumed (run, or refused), which vLLM never streams."""
+    resume = turn.resume
+    if resume is None:
+        return None
+    tool = turn.tools.for_builtin(resume.target.builtin)
+    item: dict[str, Any] = {"id": "mcp_" + secrets.token_hex(12), "type": "mcp_call",
+                            "server_label": tool.namespace if tool else resume.target.builtin,
+                            "name": resume.target.tool_name, "arguments": resume.arguments,
+                            "approval_request_id": resume.elicitation_id}
+    if resume.refusal is not None:
+        item.update(status="failed", error=mcp_error(resume.refusal))
+        return item
+    run = turn.executed[0] if turn.executed else None
+    item.update(status="completed" if run is not None and run.error is None else "failed")
+    if run is not None and run.output is not None:
+        item["output"] = run.output
+    if run is None or run.error is not None:
+        item["error"] = mcp_error(run.error if run is not None and run.error else "not run")
+    return item
+
+
+def _reasoning_text(item: Mapping[str, Any]) -> str:
+    return "".join(part.get("text", "") for part in item.get("content") or ()
+                   if isinstance(part, Mapping))
+
+
+def _stopped_item(item: Mapping[str, Any]) -> dict[str, Any]:
+    return {**item, "status": "incomplete",
+            "error": mcp_error("max_tool_calls reached; this call was not run")}
+
+
+def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, Any]:
+    """A unary Responses object (or a stream's terminal snapshot) with the turn's decisions
+    applied; raises :class:`AllowedToolsViolation` when a call was refused."""
+    refused = turn.refused
+    if refused is not None:
+        raise refusal_violation(refused, source="unary_guard")
+    output = response.get("output")
+    if not isinstance(output, list):
+        return response
+    new = list(output)
+    server_at = [i for i, item in enumerate(new) if _is_server_item(item)]
+    paused = turn.paused
+    if paused is not None:
+        # the loop stopped at the paused call: vLLM's item of it is the last server-side item (a
+        # unary python call is a reasoning item holding the code)
+        at = server_at.pop() if server_at else None
+        if at is None and paused.target.builtin == "python":
+            at = next((i for i in range(len(new) - 1, -1, -1)
+                       if isinstance(new[i], Mapping) and new[i].get("type") == "reasoning"), None)
+        item = approval_item(paused)
+        if at is None:
+            new.append(item)
+        else:
+            new[at] = item
+    stopped = turn.stopped
+    if stopped is not None and server_at:   # the loop stopped there: the last item, not run
+        at = server_at.pop()
+        new[at] = _stopped_item(new[at])
+    resume = turn.resume
+    runs = 0   # executed[runs] is the next server-side item's run
+    for n, i in enumerate(server_at):
+        if n == 0 and resume is not None and resume.refusal is not None:
+            new[i] = {**new[i], "status": "failed", "error": mcp_error(resume.refusal),
+                      "approval_request_id": resume.elicitation_id}
+            new[i].pop("output", None)
+            continue
+        new[i] = _executed_item(turn, runs, new[i])
+        runs += 1
+    if resume is not None and not server_at:
+        if resume.target.builtin == "python":   # vLLM shows a python call as reasoning
+            at = next((i for i, it in enumerate(new) if isinstance(it, Mapping)
+                       and it.get("type") == "reasoning"
+                       and _reasoning_text(it) == resume.arguments), None)
+            if at is not None:
+                del new[at]
+        item = _resumed_item(turn)
+        if item is not None:
+            new.insert(0, item)
+    response["output"] = new
+    return response
+
+
+class ServerToolStream:
+    """A step on a Responses stream: each server-side call item is held from its ``added`` until
+    the event after its ``done`` (vLLM decides, and runs, the call in between), then passed on with
+    its output, sent as the approval item, or the stream ends as a violation. The call this
+    request resumed is sent first (vLLM never streams it)."""
+
+    def __init__(self, turn: ServerTurn, stream: ResponsesStream) -> None:
+        self.turn = turn
+        self.stream = stream
+        stream.steps.append(self)
+        self._held: list[dict[str, Any]] = []
+        self._held_index: Any = None
+        self._awaiting = False      # the held item is done; the next event settles it
+        self._seen = 0              # server-side items settled so far
+        self._executed = 0
+        self._offset = 0            # items this step added before upstream's
+        self._injected = turn.resume is None
+        self._resumed_item: dict[str, Any] | None = None
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._held)
+
+    def drain(self) -> list[dict[str, Any]]:
+        return self._settle() if self._held else []
+
+    def process(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        kind = event.get("type", "")
+        if not self._injected and (kind.startswith("response.output_item") or kind in _TERMINAL):
+            out += self._inject()
+        if self._awaiting:
+            out += self._settle()
+            if self.stream.terminal:
+                return out
+        item = event.get("item")
+        if kind == "response.output_item.added" and _is_server_item(item):
+            self._held = [event]
+            self._held_index = event.get("output_index")
+            return out
+        if self._held and event.get("output_index") == self._held_index \
+                and kind.startswith("response."):
+            self._held.append(event)
+            if kind == "response.output_item.done":
+                self._awaiting = True
+            return out
+        if kind in _TERMINAL and isinstance(event.get("response"), dict):
+            event = self._terminal(event)
+            if self.stream.terminal:
+                return out + self.stream._closing()
+        return out + [self._shifted(event)]
+
+    def _shifted(self, event: dict[str, Any]) -> dict[str, Any]:
+        index = event.get("output_index")
+        if self._offset and isinstance(index, int) and not isinstance(index, bool):
+            return {**event, "output_index": index + self._offset}
+        return event
+
+    def _inject(self) -> list[dict[str, Any]]:
+        self._injected = True
+        item = _resumed_item(self.turn)
+        if item is None:
+            return []
+        self._resumed_item = item
+        self._offset = 1
+        return [{"type": kind, "output_index": 0, "item": item, "sequence_number": NEXT_NUMBER}
+                for kind in ("response.output_item.added", "response.output_item.done")]
+
+    def _settle(self) -> list[dict[str, Any]]:
+        """The held call's events, decided: vLLM's n-th server-side call is the turn's n-th
+        decision (the loop decides each call once, in order, before the next event)."""
+        held, self._held, self._awaiting = self._held, [], False
+        skip = 1 if self.turn.resume is not None and self.turn.resume.refusal is None else 0
+        decisions = self.turn.decisions[skip:]
+        decision = decisions[self._seen] if self._seen < len(decisions) else None
+        self._seen += 1
+        if decision is None:   # never decided (cut off before it completed): never run
+            return [self._shifted(e) for e in held]
+        if decision.verdict == "refuse":
+            return self.stream.terminate(refusal_violation(decision, source="stream_guard"))
+        index = held[0].get("output_index")
+        if decision.verdict == "stop":
+            return [self._shifted({**e, "item": _stopped_item(e["item"])}
+                                  if e.get("type") == "response.output_item.done"
+                                  and isinstance(e.get("item"), Mapping) else e) for e in held]
+        if decision.verdict == "pause":
+            item = approval_item(decision)
+            return [self._shifted({"type": kind, "output_index": index, "item": item,
+                                   "sequence_number": NEXT_NUMBER})
+                    for kind in ("response.output_item.added", "response.output_item.done")]
+        n = self._executed + (1 if self.turn.resume is not None
+                              and self.turn.resume.refusal is None else 0)
+        self._executed += 1
+        out = []
+        for e in held:
+            if e.get("type") == "response.output_item.done" and isinstance(e.get("item"), Mapping):
+                e = {**e, "item": _executed_item(self.turn, n, e["item"])}
+            out.append(self._shifted(e))
+        return out
+
+    def _terminal(self, event: dict[str, Any]) -> dict[str, Any]:
+        event = copy.copy(event)
+        response = copy.deepcopy(event["response"])
+        try:
+            if self._resumed_item is not None:
+                # the snapshot is vLLM's; the resumed call is shown as streamed
+                output = list(response.get("output") or [])
+                first = next((n for n, i in enumerate(output) if _is_server_item(i)), None)
+                if first is not None and output[first].get("arguments") == \
+                        self._resumed_item["arguments"]:
+                    del output[first]   # vLLM's item of the resumed call: shown as streamed
+                response["output"] = output
+                view = _shifted_turn(self.turn)
+                view.resume = None
+                apply_to_response(view, response)
+                response["output"] = [self._resumed_item, *response["output"]]
+            else:
+                apply_to_response(self.turn, response)
+        except AllowedToolsViolation as violation:
+            self.stream.fail(violation)
+            return event
+        event["response"] = response
+        return event
+
+
+def _shifted_turn(turn: ServerTurn) -> ServerTurn:
+    """``turn`` as seen past its resumed call (its first execution and decision)."""
+    view = copy.copy(turn)
+    if turn.resume is not None and turn.resume.refusal is None:
+        view.executed = turn.executed[1:]
+        view.decisions = turn.decisions[1:]
+    return view
