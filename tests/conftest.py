@@ -165,9 +165,10 @@ def pytest_collection_modifyitems(config, items):
     sees test ids."""
     _trained_groups_last(items)
     workerinput = getattr(config, "workerinput", None)
-    if (workerinput is None or workerinput.get("workerid") == "gw0") and not config.option.collectonly \
-            and any(_needs_trained_model(item) for item in items):
-        _build_trained_models_in_background(config)
+    if not config.option.collectonly and any(_needs_trained_model(item) for item in items):
+        if workerinput is None or workerinput.get("workerid") == "gw0":
+            _build_trained_models_in_background(config)
+        _yield_to_the_model_build()
     path = os.environ.get(_GROUPS_ENV)
     if workerinput is None or workerinput.get("workerid") != "gw0" or not path:
         return
@@ -195,6 +196,19 @@ def pytest_xdist_make_scheduler(config, log):
             return self._groups.get(nodeid) or nodeid.split("::", 1)[0]
 
     return ServerGroups(config, log)
+
+
+#: how much nicer than the model build the test processes (and the servers they start) run
+_BUILD_PRIORITY = 5
+
+
+def _yield_to_the_model_build() -> None:
+    """While the trained models are not built, this test process (and every server it starts
+    from now on) runs nicer than the build started before it: the build is the run's critical path
+    (the trained-model groups wait for it), so it gets the cores first, the rest what is left."""
+    from vllm_allowed_tools.testing.tiny_model import TRAINED_FLAVOURS, cached_model
+    if any(cached_model(flavour) is None for flavour in TRAINED_FLAVOURS):
+        os.nice(_BUILD_PRIORITY)
 
 
 def _build_trained_models_in_background(config) -> None:
