@@ -241,6 +241,16 @@ def test_the_operators_policy_elicits_on_the_openresponses_wire(server, mcp):
     assert len(executions(mcp)) == before + 1
 
 
+def test_a_cancelled_elicitation_never_runs(server, mcp):
+    elicitation = only("elicitation", pause(server, mcp, "exec", require_approval="never", seed=9))
+    before = len(executions(mcp))
+    answer = [USER, elicitation, {"type": "elicitation_response", "id": "resp_cancel_9",
+                                  "elicitation_id": elicitation["id"], "action": "cancel"}]
+    client(server).responses.create(**request("exec", require_approval="never", seed=9,
+                                              input_=answer))
+    assert len(executions(mcp)) == before, server.log_tail(30)
+
+
 def test_an_expired_approval_never_runs(server, mcp):
     approval = only("mcp_approval_request", pause(server, mcp, "slow", seed=6))
     before = len(executions(mcp))
