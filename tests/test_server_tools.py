@@ -6,6 +6,7 @@ recipients."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 from types import SimpleNamespace
 
@@ -110,7 +111,6 @@ def _vllm_dispatch(recipient: str):
     from openai_harmony import Author, Message, Role, TextContent
     from vllm.entrypoints.openai.responses.context import HarmonyContext
 
-    import vllm_allowed_tools.vllm_glue.server_tool_hook as hook
     context = object.__new__(HarmonyContext)
     log: list = []
     message = Message(author=Author(role=Role.ASSISTANT), content=[TextContent(text="{}")],
@@ -119,8 +119,9 @@ def _vllm_dispatch(recipient: str):
     context.available_tools = ["browser", "python", "container"]
     context._tool_sessions = {b: _Session(log, b) for b in context.available_tools}
     context.called_tools = set()
-    need = getattr(hook, "_ORIGINAL_NEED", None) or HarmonyContext.need_builtin_tool_call
-    call = getattr(hook, "_ORIGINAL_CALL", None) or HarmonyContext.call_tool
+    # vLLM's own methods, also where another test of this process installed the hook over them
+    need = inspect.unwrap(HarmonyContext.need_builtin_tool_call)
+    call = inspect.unwrap(HarmonyContext.call_tool)
     if not need(context):
         return None
     asyncio.run(call(context))
