@@ -26,7 +26,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.settings import reset_for_tests
-from vllm_allowed_tools.testing.server import SEPARATE_WORKER, SERVER_LEDGER_ENV, ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server import SEPARATE_WORKER, ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server_ledger import SERVER_LEDGER_ENV
 from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
 
 # grammars are built in-process here as in the server: vLLM's own tag builders lent as the plugin

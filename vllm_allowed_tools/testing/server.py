@@ -29,7 +29,7 @@ from typing import IO, Any, Sequence
 from ..formats import wire_format, wire_formats
 from ..settings import Settings, process_environment
 from ..templates import template_path
-from .server_ledger import SERVER_LEDGER_ENV, record_start  # noqa: F401 (SERVER_LEDGER_ENV: tests)
+from .server_ledger import record_start
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
