@@ -38,6 +38,8 @@ from vllm_allowed_tools.testing.server import free_port
 pytestmark = pytest.mark.server
 
 USER = {"role": "user", "content": "Run it."}
+#: the server's bound on the server-side calls of one response (vLLM's loop has none)
+SERVER_CALL_LIMIT = 4
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,8 @@ class Served:
                          extra_args=["--tool-server", tool_servers],
                          env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container,code_interpreter",
                               "VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
-                              "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(self.store)})
+                              "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(self.store),
+                              "VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS": str(SERVER_CALL_LIMIT)})
         self.current = start_cli_server("random", **self.args)
 
     def restart(self) -> None:
@@ -261,7 +264,7 @@ def test_an_expired_approval_never_runs(server, mcp):
     assert len(executions(mcp)) == before
 
 
-def test_an_ungated_call_runs_and_max_tool_calls_stops_the_loop(server, mcp):
+def test_an_ungated_call_runs_once_and_max_tool_calls_stops_the_loop(server, mcp):
     before = len(executions(mcp))
     output = items(client(server).responses.create(
         **request("ls", require_approval="never", seed=7, max_tool_calls=1)))
@@ -269,7 +272,42 @@ def test_an_ungated_call_runs_and_max_tool_calls_stops_the_loop(server, mcp):
     assert [e["tool"] for e in ran] == ["ls"], (output, server.log_tail(30))
     calls = [item for item in output if item["type"] == "mcp_call"]
     assert calls[0]["output"] == f"ls ran {ran[0]['cmd']!r}" and calls[0]["status"] == "completed"
-    assert calls[-1]["status"] == "incomplete" and "max_tool_calls" in error_text(calls[-1]), output
+    assert all(c["status"] == "incomplete" and "max_tool_calls" in error_text(c)
+               for c in calls[1:]), output
+    before = len(executions(mcp))
+    output = items(client(server).responses.create(
+        **request("ls", require_approval="never", seed=7, max_tool_calls=0)))
+    assert executions(mcp)[before:] == [], output
+    call = only("mcp_call", output)
+    assert call["status"] == "incomplete" and "max_tool_calls" in error_text(call), output
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_a_server_side_tool_outside_allowed_tools_never_runs(server, mcp, stream):
+    """Both tool servers offered, none gated by the client, no max_tool_calls: a required turn
+    over ``container.ls`` runs ``ls`` (the requirement) and nothing else, and ends: the loop's
+    later generations are ``auto`` (a call is no longer forced once one ran), and the server's
+    bound stops a model that keeps calling."""
+    tools = [{"type": "mcp", "server_label": "container", "require_approval": "never"},
+             {"type": "mcp", "server_label": "code_interpreter", "require_approval": "never"}]
+    api = openai.OpenAI(base_url=server.base_url, api_key="key-a", max_retries=0, timeout=300)
+    ended_before_the_bound = 0
+    for seed in (21, 22, 23):
+        before = len(executions(mcp))
+        body = request("ls", require_approval="never", seed=seed, tools=tools,
+                       max_output_tokens=64)
+        response = streamed(api, body)[0] if stream else api.responses.create(**body)
+        ran = executions(mcp)[before:]
+        output = items(response)
+        assert ran and {e["tool"] for e in ran} == {"ls"}, (seed, ran, output, server.log_tail(30))
+        assert len(ran) <= SERVER_CALL_LIMIT, (seed, ran)
+        calls = [item for item in output if item["type"] == "mcp_call"]
+        assert calls and all(c["name"] == "ls" and c["server_label"] == "container" for c in calls)
+        assert [c["status"] for c in calls[:len(ran)]] == ["completed"] * len(ran), output
+        assert all(c["status"] == "incomplete" for c in calls[len(ran):]), output
+        ended_before_the_bound += len(ran) < SERVER_CALL_LIMIT and output[-1]["type"] == "message"
+    # a call forced on every generation could only end at the bound
+    assert ended_before_the_bound, "no required turn ended on its own after its call ran"
 
 
 def test_streamed_pause_and_accept(server, mcp):

@@ -189,6 +189,10 @@ class Settings(BaseSettings):
     grant_store: str | None = _field("VLLM_ALLOWED_TOOLS_GRANT_STORE", (
         "The grant store: a SQLite path, `sqlite:PATH` or a `postgresql://` DSN (also the "
         "default `--db` of the grants command)."), shown="`grants.db` next to the policy file")
+    max_server_tool_calls: WholeNumber = _field("VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS", (
+        "The most server-side tool calls vLLM's loop runs in one response (vLLM's own loop has "
+        "no bound); the call past it ends the response unrun, as `max_tool_calls` does, which a "
+        "request can set lower."), 16)
     grant_store_timeout_s: Seconds = _field("VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT", (
         "Seconds a grant-store operation may wait (SQLite busy timeout, PostgreSQL connect and "
         "lock timeouts) before the store counts as unavailable."), 5.0)

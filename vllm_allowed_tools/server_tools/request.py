@@ -17,6 +17,7 @@ from ..approvals.outcomes import Decline, Rejected, Release, Replayed
 from ..approvals.wire import principal_from_headers, session_of
 from ..errors import AllowedToolsError
 from ..request.messages import quote, type_name
+from ..settings import current
 from .tools import (
     CODE_INVALID_SERVER_TOOL,
     TYPE_BUILTIN,
@@ -170,7 +171,9 @@ def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any
                         (lambda tool, name: False)),
         propose=functools.partial(engine.propose, principal=principal, session=session)
         if engine is not None else None,
-        resume=resume, max_tool_calls=limit, store=engine.store if engine is not None else None)
+        resume=resume, max_tool_calls=min(current().max_server_tool_calls,
+                                          current().max_server_tool_calls if limit is None else limit),
+        store=engine.store if engine is not None else None)
     body = {k: v for k, v in body.items() if k != TURN_KEY}
     return PreparedServerTurn(body, turn, selection, only_server)
 

@@ -97,7 +97,8 @@ def _reasoning_text(item: Mapping[str, Any]) -> str:
 
 def _stopped_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return {**item, "status": "incomplete",
-            "error": mcp_error("max_tool_calls reached; this call was not run")}
+            "error": mcp_error("max_tool_calls reached (the request's, or the server's "
+                               "VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS); this call was not run")}
 
 
 def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, Any]:

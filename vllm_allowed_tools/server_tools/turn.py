@@ -117,6 +117,12 @@ class ServerTurn:
         self.store = store
         self.clock = clock
         self.token = secrets.token_hex(16)
+        #: a ``required`` turn's grammar once one of its calls ran (the same allowlist in ``auto``
+        #: mode: the requirement is met, and forcing a call on every later generation of vLLM's
+        #: loop would never let it end); set by the parser, applied by the hook
+        self.grammar_after_a_call: str | None = None
+        #: the SamplingParams vLLM's loop generates this turn with (set by the hook)
+        self.sampling_params: Any = None
         self.decisions: list[ServerDecision] = []
         self.executed: list[ExecutedCall] = []
         self._decided: dict[int, tuple[Any, ServerDecision]] = {}

@@ -9,6 +9,8 @@ docs/decode-path.md.
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import threading
@@ -96,13 +98,22 @@ class AllowedToolsMixin:
         from ..settings import current
         from ..decode.server_tools import with_server_calls
         from .server_tool_hook import tool_schemas
-        function_tag = None
-        if allowlist.allowed:
-            built = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
-                                       max(strict_level, ToolStrictLevel.FUNCTION))
-            function_tag = built.tag.model_copy(deep=True) if built is not None else None
-        return with_server_calls(function_tag, allowlist.server, allowlist.mode,
-                                 current().whitespace_limit, tool_schemas)
+        from ..server_tools.turn import registered
+
+        def tag_for(allowlist: WireAllowlist):
+            function_tag = None
+            if allowlist.allowed:
+                built = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
+                                           max(strict_level, ToolStrictLevel.FUNCTION))
+                function_tag = built.tag.model_copy(deep=True) if built is not None else None
+            return with_server_calls(function_tag, allowlist.server, allowlist.mode,
+                                     current().whitespace_limit, tool_schemas)
+
+        turn = registered(getattr(request, "model_extra", None))
+        if turn is not None and allowlist.mode == "required" and turn.grammar_after_a_call is None:
+            turn.grammar_after_a_call = json.dumps(
+                tag_for(dataclasses.replace(allowlist, mode="auto")).model_dump())
+        return tag_for(allowlist)
 
     def adjust_request(self, request):
         allowlist = request_allowlist(request)

@@ -195,8 +195,26 @@ def _backstopped(call: Any) -> Any:
             turn.record(decision, None, f"{type(exc).__name__}: {exc}")
             raise
         turn.record(decision, _output_text(output))
+        _relax_after_a_call(turn)
         return output
     return call_tool
+
+
+def _relax_after_a_call(turn: ServerTurn) -> None:
+    """A ``required`` turn's later generations in vLLM's loop (which reuses one SamplingParams
+    object for all of them) take the turn's ``auto`` grammar: the call it required ran."""
+    params, grammar = turn.sampling_params, turn.grammar_after_a_call
+    if params is None or grammar is None:
+        return
+    from ..decode.stage import XARGS_DIGEST, XARGS_TAG, tag_digest
+    extra = getattr(params, "extra_args", None)
+    if isinstance(extra, dict) and XARGS_TAG in extra:   # the logits-processor stage's grammar
+        extra[XARGS_TAG], extra[XARGS_DIGEST] = grammar, tag_digest(grammar)
+    elif getattr(params, "structured_outputs", None) is not None \
+            and params.structured_outputs.structural_tag is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+        params.structured_outputs = StructuredOutputsParams(structural_tag=grammar)
+    turn.grammar_after_a_call = None
 
 
 def _resuming(generate: Any, harmony_context: type) -> Any:
@@ -207,6 +225,8 @@ def _resuming(generate: Any, harmony_context: type) -> Any:
         bound = inspect.signature(generate).bind(self, *args, **kwargs)
         context = bound.arguments.get("context")
         turn = _turn_of(context) if isinstance(context, harmony_context) else None
+        if turn is not None:
+            turn.sampling_params = bound.arguments.get("sampling_params")
         if turn is not None and turn.resume is not None:
             await _resume(self, turn, context)
             engine_input = bound.arguments["engine_input"]
