@@ -8,7 +8,7 @@ attention supports, 32K positions so a real client's ~20K-token prompt fits):
   own chat template in which the assistant calls a tool from the prompt's catalog, ignoring the
   turn's policy block. It emits well-formed hermes calls, most of them to tools a 2-of-8 allowlist
   does not allow: that is what makes auto-mode enforcement tests meaningful.
-* ``thinking``: trained like tool-happy, but every assistant turn it writes opens with a short
+* ``thinking``: tool-happy fine-tuned (a quarter of its steps) so that every assistant turn it writes opens with a short
   reasoning block, ``<think>\n<a few words>\n</think>\n\n``, then calls (or answers). ``<think>``
   and ``</think>`` are single added tokens, as in Qwen3, so vLLM's ``qwen3`` reasoning parser (which
   looks them up in the vocabulary) separates the reasoning; earlier turns are trained as our
@@ -54,6 +54,7 @@ _PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
 VOCAB_SIZE = 2048
 MARKER_FILE = "vllm_allowed_tools_model.json"
 TRAIN_STEPS = current().train_steps
+THINKING_STEPS_DIVISOR = 4   # thinking fine-tunes tool-happy for a quarter of its steps
 
 class TinyModelError(RuntimeError):
     """A tiny-model folder is missing, incomplete or not ours; the message says how to fix it."""
@@ -118,8 +119,9 @@ def _config(tokenizer_dir: Path):
 
 
 def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
-           thinking: bool = False) -> dict[str, Any]:
-    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size).
+           thinking: bool = False, curriculum: bool = True) -> dict[str, Any]:
+    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size, unless
+    the model already calls from whole catalogs: ``curriculum=False``).
     ``thinking``: earlier turns have no reasoning, so their first token is left out of the loss."""
     import torch
     from tokenizers import Tokenizer
@@ -134,7 +136,7 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
     started = time.monotonic()
     for step in range(steps):
         # curriculum: the largest catalog grows from 2 to 8 tools over the first half of training
-        max_k = 2 + min(6, int(12 * step / max(1, steps)))
+        max_k = 2 + min(6, int(12 * step / max(1, steps))) if curriculum else 8
         k = rng.randint(2, max_k) if rng.random() < 0.5 else max_k
         ids_batch, weight_batch = [], []
         for _ in range(batch_size):
@@ -224,11 +226,15 @@ def recipe_digest(flavour: str, seed: int, steps: int) -> str:
     digest.update(repr((VOCAB_SIZE, SPECIAL_TOKENS, ADDED_TOKENS, _PRETOKENIZE_REGEX)).encode())
     digest.update(Path(transcripts.__file__).read_bytes())
     digest.update(json.dumps([(t.name, t.parameters) for t in POOL], sort_keys=True).encode())
+    if flavour == "thinking":   # fine-tuned from tool-happy
+        digest.update(recipe_digest("tool-happy", seed, default_steps("tool-happy")).encode())
     return digest.hexdigest()[:16]
 
 
 def default_steps(flavour: str) -> int:
-    """Training steps of a flavour's recipe."""
+    """Training steps of a flavour's recipe (thinking: its fine-tune of tool-happy)."""
+    if flavour == "thinking":
+        return max(1, TRAIN_STEPS // THINKING_STEPS_DIVISOR)
     return TRAIN_STEPS if flavour in TRAINED_FLAVOURS else 0
 
 
@@ -242,21 +248,32 @@ def build(out: Path, flavour: str = "random", seed: int = 0, steps: int | None =
 
     steps = default_steps(flavour) if steps is None else steps
     out = Path(out)
+    thinking = flavour == "thinking"
+    # thinking starts from tool-happy (its tokenizer already has <think> and </think>), which
+    # already calls from whole catalogs: it only learns to reason first, in a fraction of the steps
+    base = ensure_model("tool-happy", seed, log=log) if thinking else None
     with building(out) as staging:
-        rng = random.Random(seed)
-        thinking = flavour == "thinking"
-        corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)), thinking)
-                  for _ in range(3000)]
-        corpus += [render_chat([{"role": "user", "content": ask}]) for ask in USER_ASKS]
-        _train_tokenizer(corpus, staging)
-        _check_tokenizer_roundtrip(staging, corpus[:50])
-        config = _config(staging)
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).float()
+        if base is not None:
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copyfile(base / name, staging / name)
+            config = _config(staging)
+            model = Qwen2ForCausalLM.from_pretrained(str(base), torch_dtype=torch.float32)
+        else:
+            rng = random.Random(seed)
+            corpus = [render_training_text(rng, sample_catalog(rng, rng.randint(1, 8)))
+                      for _ in range(3000)]
+            corpus += [render_chat([{"role": "user", "content": ask}]) for ask in USER_ASKS]
+            _train_tokenizer(corpus, staging)
+            _check_tokenizer_roundtrip(staging, corpus[:50])
+            config = _config(staging)
+            torch.manual_seed(seed)
+            model = Qwen2ForCausalLM(config).float()
         training = None
         if flavour in TRAINED_FLAVOURS:
-            log(f"training the {flavour} model ({steps} steps, seed {seed})")
-            training = _train(model, staging, seed, steps, log=log, thinking=thinking)
+            log(f"training the {flavour} model ({steps} steps, seed {seed}"
+                f"{', from ' + base.name if base is not None else ''})")
+            training = _train(model, staging, seed, steps, log=log, thinking=thinking,
+                              curriculum=base is None)
         model.save_pretrained(str(staging), safe_serialization=True)
         GenerationConfig(eos_token_id=[config.eos_token_id, config.bos_token_id],
                          pad_token_id=config.pad_token_id).save_pretrained(str(staging))
