@@ -261,6 +261,37 @@ def test_max_tool_calls_stops_the_loop(engine):
     assert turn.decide("container.ls", "{}").verdict == "stop"
 
 
+def test_the_servers_bound_caps_a_response_and_a_request_can_only_lower_it(engine, monkeypatch):
+    from vllm_allowed_tools import settings as settings_module
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS", "2")
+    settings_module.reset_for_tests()
+    for limit, runs in ((None, 2), (1, 1), (5, 2)):
+        turn = turn_for(body(max_tool_calls=limit) if limit is not None else body(), engine).turn
+        verdicts = [turn.decide("container.ls", "{}").verdict for _ in range(3)]
+        assert verdicts == ["execute"] * runs + ["stop"] * (3 - runs), (limit, verdicts)
+
+
+@pytest.mark.parametrize("stage", ["native", "logits-processor"])
+def test_a_required_turn_is_required_once_in_vllms_loop(stage):
+    """After a call ran, the SamplingParams vLLM's loop reuses carry the turn's auto grammar."""
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+
+    from vllm_allowed_tools.decode.stage import XARGS_DIGEST, XARGS_TAG, tag_digest
+    from vllm_allowed_tools.vllm_glue.server_tool_hook import _relax_after_a_call
+
+    turn = SimpleNamespace(sampling_params=None, grammar_after_a_call='{"auto": 1}')
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(structural_tag='{"req": 1}')) \
+        if stage == "native" else SamplingParams(extra_args={XARGS_TAG: '{"req": 1}', XARGS_DIGEST: "d"})
+    _relax_after_a_call(turn)                       # no params known yet: nothing to change
+    turn.sampling_params = params
+    _relax_after_a_call(turn)
+    if stage == "native":
+        assert params.structured_outputs.structural_tag == '{"auto": 1}'
+    else:
+        assert params.extra_args == {XARGS_TAG: '{"auto": 1}', XARGS_DIGEST: tag_digest('{"auto": 1}')}
+    assert turn.grammar_after_a_call is None        # once
+
+
 def _answer(approval, approve, **extra):
     return [{"role": "user", "content": "hi"}, approval,
             {"type": "mcp_approval_response", "approval_request_id": approval["id"],
