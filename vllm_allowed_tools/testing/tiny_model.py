@@ -118,16 +118,33 @@ def _config(tokenizer_dir: Path):
     )
 
 
+def _example(tok, rng: random.Random, k: int, thinking: bool) -> tuple[list[int], list[float]]:
+    """One transcript's token ids and loss weights (assistant tokens only; the first token of a
+    called tool's name, which carries the choice, weighted up)."""
+    text = render_training_text(rng, sample_catalog(rng, k), thinking)
+    encoding = tok.encode(text)
+    weights = [0.0] * len(encoding.ids)
+    spans = list(assistant_spans(text))
+    unscored = {start for start, _ in spans[:-1]} if thinking else set()
+    name_starts = [m.end() for m in re.finditer(r'\{"name": "', text)
+                   if any(a <= m.start() < b for a, b in spans)]
+    for index, (start, end) in enumerate(encoding.offsets):
+        if any(a <= start < b for a, b in spans) and start not in unscored:
+            weights[index] = 4.0 if any(start <= pos < end for pos in name_starts) else 1.0
+    return encoding.ids, weights
+
+
 def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
            thinking: bool = False, curriculum: bool = True) -> dict[str, Any]:
-    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size, unless
-    the model already calls from whole catalogs: ``curriculum=False``).
-    ``thinking``: earlier turns have no reasoning, so their first token is left out of the loss."""
+    """Teach the model to emit hermes calls to catalog tools (curriculum over catalog size unless it
+    already calls from whole catalogs). ``thinking``: earlier turns have no reasoning, so their
+    first token is left out of the loss. One thread: the weights do not depend on the machine's
+    cores, and next to a test run (where it is built) it takes a quarter less CPU than two."""
     import torch
     from tokenizers import Tokenizer
 
     torch.manual_seed(seed)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(1)
     tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
     rng = random.Random(seed)
     batch_size, peak_lr, warmup = 16, 5e-3, 20
@@ -138,22 +155,8 @@ def _train(model, tokenizer_dir: Path, seed: int, steps: int, log=print,
         # curriculum: the largest catalog grows from 2 to 8 tools over the first half of training
         max_k = 2 + min(6, int(12 * step / max(1, steps))) if curriculum else 8
         k = rng.randint(2, max_k) if rng.random() < 0.5 else max_k
-        ids_batch, weight_batch = [], []
-        for _ in range(batch_size):
-            catalog = sample_catalog(rng, k)
-            text = render_training_text(rng, catalog, thinking)
-            encoding = tok.encode(text)
-            weights = [0.0] * len(encoding.ids)
-            spans = list(assistant_spans(text))
-            unscored = {start for start, _ in spans[:-1]} if thinking else set()
-            name_starts = [m.end() for m in re.finditer(r'\{"name": "', text)
-                           if any(a <= m.start() < b for a, b in spans)]
-            for index, (start, end) in enumerate(encoding.offsets):
-                if any(a <= start < b for a, b in spans) and start not in unscored:
-                    # the first token of the tool name carries the choice: weight it up
-                    weights[index] = 4.0 if any(start <= pos < end for pos in name_starts) else 1.0
-            ids_batch.append(encoding.ids)
-            weight_batch.append(weights)
+        examples = [_example(tok, rng, k, thinking) for _ in range(batch_size)]
+        ids_batch, weight_batch = [ids for ids, _ in examples], [w for _, w in examples]
         length = max(len(ids) for ids in ids_batch)
         pad = tok.token_to_id("<|endoftext|>")
         input_ids = torch.tensor([ids + [pad] * (length - len(ids)) for ids in ids_batch])
@@ -221,7 +224,7 @@ def recipe_digest(flavour: str, seed: int, steps: int) -> str:
     digest.update(load_template("hermes").encode())
     # the code that makes the weights (not the whole module: a change to how the cache is found
     # does not rebuild the models)
-    for part in (_train_tokenizer, _config, _train, build):
+    for part in (_train_tokenizer, _config, _example, _train, build):
         digest.update(inspect.getsource(part).encode())
     digest.update(repr((VOCAB_SIZE, SPECIAL_TOKENS, ADDED_TOKENS, _PRETOKENIZE_REGEX)).encode())
     digest.update(Path(transcripts.__file__).read_bytes())
