@@ -165,14 +165,14 @@ def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise _error(f"max_tool_calls must be a non-negative integer, got {type_name(limit)}.",
                      "max_tool_calls", "invalid_request")
+    bound = current().max_server_tool_calls   # the server's: a request can only lower it
     turn = ServerTurn(
         tools, selection=selection, tool_choice_none=choice == "none",
         operator_gates=(functools.partial(_operator_gates, engine) if operator_engine else
                         (lambda tool, name: False)),
         propose=functools.partial(engine.propose, principal=principal, session=session)
         if engine is not None else None,
-        resume=resume, max_tool_calls=min(current().max_server_tool_calls,
-                                          current().max_server_tool_calls if limit is None else limit),
+        resume=resume, max_tool_calls=bound if limit is None else min(limit, bound),
         store=engine.store if engine is not None else None)
     body = {k: v for k, v in body.items() if k != TURN_KEY}
     return PreparedServerTurn(body, turn, selection, only_server)

@@ -10,7 +10,6 @@ docs/decode-path.md.
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import logging
 import threading

@@ -229,6 +229,9 @@ def _resuming(generate: Any, harmony_context: type) -> Any:
             turn.sampling_params = bound.arguments.get("sampling_params")
         if turn is not None and turn.resume is not None:
             await _resume(self, turn, context)
+            # the resumed call is the one a required turn asked for, however it ended (run now,
+            # run before, declined, no longer allowed): the generations after it are auto
+            _relax_after_a_call(turn)
             engine_input = bound.arguments["engine_input"]
             bound.arguments["engine_input"] = self.online_renderer.render_responses_harmony_messages(
                 context.messages, cache_salt=engine_input.get("cache_salt"),
