@@ -135,9 +135,10 @@ class Gateway:
 
 
 def run_codex(codex: Path, base_url: str, tmp_path: Path, prompt: str,
-              model: str = "tiny") -> subprocess.CompletedProcess:
+              model: str = "tiny", sandbox: str = "read-only") -> subprocess.CompletedProcess:
     """``codex exec`` against ``base_url`` with a fresh CODEX_HOME (nothing leaves the loopback).
-    ``model``: the name Codex is configured with (it picks its tool set by it)."""
+    ``model``: the name Codex is configured with (it picks its tool set by it); ``sandbox``: Codex's
+    ``sandbox_mode`` (its work dir is ``tmp_path / "work"``)."""
     home, work = tmp_path / "codex-home", tmp_path / "work"
     home.mkdir(parents=True)
     work.mkdir(parents=True)
@@ -145,7 +146,7 @@ def run_codex(codex: Path, base_url: str, tmp_path: Path, prompt: str,
 model = "{model}"
 model_provider = "local"
 approval_policy = "never"
-sandbox_mode = "read-only"
+sandbox_mode = "{sandbox}"
 check_for_update_on_startup = false
 
 [model_providers.local]
@@ -394,3 +395,72 @@ def test_codex_own_catalog_is_served_with_the_plugin_and_refused_by_vanilla_vllm
         assert events[-1]["type"] == "response.completed", [e["type"] for e in events]
         echoed = [tool for tool in events[-1]["response"]["tools"] if tool.get("name") == "apply_patch"]
         assert echoed == sent, echoed
+
+
+#: the patch the test's gateway lets the model write: Codex's own grammar admits every input of it
+#: (checked below), a fixed path in Codex's work dir, one or two lines of a two-word vocabulary
+NARROW_PATCH_GRAMMAR = '''start: "*** Begin Patch" LF "*** Add File: hello.txt" LF line line? "*** End Patch" LF?
+line: "+" WORD LF
+WORD: "hello" | "world"
+%import common.LF
+'''
+
+
+def narrow_to_apply_patch(index: int, body: dict[str, Any]) -> dict[str, Any]:
+    """The test's operator gateway for Codex's ``apply_patch``: the first request may only call
+    that custom tool (``allowed_tools`` ``required`` over a ``custom`` entry), its grammar narrowed
+    to :data:`NARROW_PATCH_GRAMMAR` (as the namespace test pins ``close_agent``'s argument: a
+    random path or an endless line would make the run depend on sampling); later requests end the
+    run as the namespace test's do."""
+    served_as_tiny(index, body)
+    if index == 0:
+        body["tool_choice"] = {"type": "allowed_tools", "mode": "required",
+                               "tools": [{"type": "custom", "name": "apply_patch"}]}
+        body["parallel_tool_calls"] = False
+        body["max_output_tokens"] = 200
+        body["temperature"] = 0.0
+        body["seed"] = 0
+        for tool in grammar_tools(body):
+            if tool["name"] == "apply_patch":
+                tool["format"] = {**tool["format"], "definition": NARROW_PATCH_GRAMMAR}
+        return body
+    return narrow_to_namespace_member(index, body)
+
+
+@pytest.mark.server
+def test_codex_applies_a_patch_the_model_wrote_under_its_own_grammar(happy_server, codex_bin, tmp_path):
+    """Codex (configured as ``gpt-5.5``) sends ``apply_patch`` with its Lark grammar; narrowed to
+    it, the model's ``custom_tool_call`` input is held to the grammar while decoding, Codex's own
+    grammar accepts it, and Codex applies it: the file appears in its work dir, and the next request
+    (the call and its ``custom_tool_call_output`` in the history) is served too."""
+    from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
+
+    with Gateway(happy_server.root_url, rewrite=narrow_to_apply_patch) as gateway:
+        result = run_codex(codex_bin, gateway.base_url, tmp_path, "add a file hello.txt",
+                           model=CODEX_CATALOG_MODEL, sandbox="workspace-write")
+    assert result.returncode == 0, f"codex exit {result.returncode}:\n{result.stderr[-4000:]}"
+    statuses = [exchange.status for exchange in gateway.exchanges]
+    assert len(statuses) >= 2 and statuses == [200] * len(statuses), statuses
+
+    codex_grammar = next(tool for tool in grammar_tools(gateway.exchanges[0].sent)
+                         if tool["name"] == "apply_patch")["format"]
+    events = gateway.exchanges[0].events()
+    assert events[-1]["type"] == "response.completed", [e["type"] for e in events]
+    calls = [item for item in events[-1]["response"]["output"] if item["type"] == "custom_tool_call"]
+    assert [call["name"] for call in calls] == ["apply_patch"], events[-1]["response"]["output"]
+    patch = calls[0]["input"]
+    assert compile_custom_grammar("apply_patch", codex_grammar["syntax"],
+                                  codex_grammar["definition"]).admits(patch), patch
+    streamed = "".join(e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta")
+    assert streamed == patch
+
+    # Codex applied it: the file holds the added lines
+    lines = [line[1:] for line in patch.splitlines() if line.startswith("+")]
+    written = tmp_path / "work" / "hello.txt"
+    assert written.exists(), (patch, result.stdout[-2000:], result.stderr[-2000:])
+    assert written.read_text().splitlines() == lines
+
+    # ... and sent the call back with its output, which the server accepted (200 above)
+    follow_up = gateway.exchanges[1].sent["input"]
+    assert [item["type"] for item in follow_up if item.get("call_id") == calls[0]["call_id"]] == \
+        ["custom_tool_call", "custom_tool_call_output"], follow_up[-3:]

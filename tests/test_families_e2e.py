@@ -36,7 +36,7 @@ from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 pytestmark = pytest.mark.server
 
 FAMILIES = ["deepseek_v3", "deepseek_v31", "kimi_k2", "glm47", "minimax_m2", "llama4_pythonic", "granite4",
-            "granite", "seed_oss", "phi4_mini_json", "xlam"]
+            "granite", "seed_oss", "phi4_mini_json", "xlam", "longcat"]
 #: formats that are another format under a second vLLM name (same parser class, grammar and
 #: template: tests/test_families.py): served in the full matrix only
 ALIASES = {"glm45": "glm47", "llama4_json": "llama3_json", "qwen3_xml": "qwen3_coder"}
@@ -155,10 +155,13 @@ def test_required_gives_one_allowed_call_on_responses(served, seed):
     one_allowed_call(reply.calls, subset, (family, seed, reply.calls, server.log_tail(20)))
 
 
-def test_a_streamed_required_answer_is_the_unary_one(served):
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_streamed_required_answer_is_the_unary_one(served, seed):
+    """Streamed, on both APIs, every seed: the calls unary gives (one allowed call, its arguments
+    an object of the tool's schema); the wrapper releases streamed calls from the same read."""
     family, server = served
-    catalog, subset = catalog_and_subset(0)
-    request = chat_request(family, catalog, "required", subset, 0)
+    catalog, subset = catalog_and_subset(seed)
+    request = chat_request(family, catalog, "required", subset, seed)
     unary = chat_answer(server.client(), request, stream=False)
     if family in STREAMED_REQUIRED_LIMITS:
         # vLLM streams no call: the backstop ends the stream with an error, never a `stop` without
@@ -171,9 +174,10 @@ def test_a_streamed_required_answer_is_the_unary_one(served):
     # the same calls; JSON-array formats stream the arguments as written, unary re-serialized
     same = [(name, json.loads(arguments)) for name, arguments in streamed] == \
         [(name, json.loads(arguments)) for name, arguments in unary]
-    assert same, (family, streamed, unary)
-    reply = responses_answer(family, server, catalog, "required", subset, 0, stream=True)
-    one_allowed_call(reply.calls, subset, (family, reply.calls))
+    assert same, (family, seed, streamed, unary)
+    one_allowed_call(streamed, subset, (family, seed, streamed))
+    reply = responses_answer(family, server, catalog, "required", subset, seed, stream=True)
+    one_allowed_call(reply.calls, subset, (family, seed, reply.calls))
 
 
 def _trigger_token(family: str) -> int | None:

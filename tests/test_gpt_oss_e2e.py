@@ -122,30 +122,18 @@ def server_tokens(text: str) -> list[int]:
     return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS).encode(text, allowed_special="all")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+@pytest.mark.parametrize("api", ["chat", "responses"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_required_gives_one_allowed_call_on_chat(server, seed):
+def test_required_gives_one_allowed_schema_valid_call(server, api, stream, seed):
+    """Exactly one allowed call whose arguments the tool's schema accepts, on both APIs, unary and
+    streamed."""
     catalog, subset = catalog_and_subset(seed)
-    reply = chat_calls(server.client(), catalog, "required", subset, seed, max_tokens=200,
-                       extra_body=nudges())
+    fetch = chat_calls if api == "chat" else responses_calls
+    reply = fetch(server.client(), catalog, "required", subset, seed, stream=stream, max_tokens=200,
+                  extra_body=nudges())
     assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (reply, server.log_tail(20))
     assert POOL_BY_NAME[reply.calls[0][0]].arguments_valid(reply.calls[0][1]), reply.calls
-
-
-@pytest.mark.parametrize("seed", [0, 1])
-def test_required_gives_only_allowed_calls_on_responses(server, seed):
-    catalog, subset = catalog_and_subset(seed)
-    reply = responses_calls(server.client(), catalog, "required", subset, seed, max_tokens=200,
-                            extra_body=nudges())
-    assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (reply.raw, server.log_tail(20))
-
-
-@pytest.mark.parametrize("api", ["chat", "responses"])
-def test_streamed_required_calls_are_allowed(server, api):
-    catalog, subset = catalog_and_subset(3)
-    fetch = chat_calls if api == "chat" else responses_calls
-    reply = fetch(server.client(), catalog, "required", subset, 3, stream=True, max_tokens=200,
-                  extra_body=nudges())
-    assert len(reply.calls) == 1 and reply.calls[0][0] in subset, reply
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])

@@ -118,11 +118,13 @@ def catalog_and_subset(seed: int) -> tuple[list, list[str]]:
 SYSTEM = "You are a helpful agent."
 
 
-def calls_for(api: str, server: ServeTinyProcess, mode: str, seed: int, max_tokens: int):
+def calls_for(api: str, server: ServeTinyProcess, mode: str, seed: int, max_tokens: int,
+              stream: bool = False):
     """[(name, arguments)], the subset, and the Chat message or the Responses output."""
     catalog, subset = catalog_and_subset(seed)
     fetch = chat_calls if api == "chat" else responses_calls
-    reply = fetch(server.client(), catalog, mode, subset, seed, max_tokens=max_tokens, system=SYSTEM)
+    reply = fetch(server.client(), catalog, mode, subset, seed, max_tokens=max_tokens, system=SYSTEM,
+                  stream=stream)
     return [call[:2] for call in reply.calls], subset, reply.raw if api == "chat" else reply.raw.output
 
 
@@ -144,12 +146,13 @@ def _valid_after_strip(name: str, arguments: str) -> bool:
         {key: value.strip() if isinstance(value, str) else value for key, value in parsed.items()})
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_required_mode_gives_one_allowed_schema_valid_call(served, api):
+def test_required_mode_gives_one_allowed_schema_valid_call(served, api, stream):
     case, server, _ = served
     failures, whitespace_only = [], []
     for seed in SEEDS:
-        calls, subset, raw = calls_for(api, server, "required", seed, REQUIRED_MAX_TOKENS)
+        calls, subset, raw = calls_for(api, server, "required", seed, REQUIRED_MAX_TOKENS, stream)
         if len(calls) != 1:
             failures.append((seed, "calls", calls, str(raw)[:400]))
             continue

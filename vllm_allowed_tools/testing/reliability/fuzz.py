@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
 from ...errors import AllowedToolsError
 from ...request import flat_name
+from ...request.custom_tools import read_custom_tools
 from ...request.rewrite import ALLOWLIST_KEY, rewrite_request
 from ..metrics import scrape_metric
 from .fuzz_cases import Case, fuzz_cases
@@ -29,6 +30,8 @@ class Expect:
     allowed: frozenset[str] | None = None    # calls a 200 may carry (flat names)
     parallel: bool = True
     echo: Any = MISSING                      # the tool_choice a Responses object must echo
+    #: the request's grammar custom tools: a completed call's input must be admitted by its grammar
+    grammars: Mapping[str, Any] = field(default_factory=dict)
 
 
 def expected(case: Case) -> Expect:
@@ -38,13 +41,14 @@ def expected(case: Case) -> Expect:
     body = {k: v for k, v in case.body.items() if k != ALLOWLIST_KEY}   # the middleware strips it
     try:   # what the middleware does: typed fields read as vLLM reads them, then the policy
         policy = rewrite_request(body, case.api).allowlist
+        grammars = read_custom_tools(body.get("tools"), case.api).grammars
     except AllowedToolsError as exc:
         return Expect("ours_400", param=exc.param)
     if policy is not None and policy.has_allowlist:
         catalog_faulty = any(f.startswith("catalog:") for f in case.faults)
         outcome = "vllm_4xx" if case.input_fault else ("any" if catalog_faulty else "ok")
         return Expect(outcome, allowed=frozenset(policy.allowed_flat_names),
-                      parallel=policy.parallel_tool_calls,
+                      parallel=policy.parallel_tool_calls, grammars=grammars,
                       echo=case.body.get("tool_choice") if case.api == "responses" else MISSING)
     catalog = catalog_names(body, case.api)
     if case.intended is not None:     # a near-miss of allowed_tools must never become "auto"
@@ -52,7 +56,7 @@ def expected(case: Case) -> Expect:
     if policy is not None and policy.choice == "named":
         catalog = frozenset(policy.allowed_flat_names)
     return Expect("vllm_4xx" if case.input_fault or case.intended is not None else "any",
-                  allowed=catalog)
+                  allowed=catalog, grammars=grammars)
 
 
 def catalog_names(body: dict, api: str) -> frozenset[str]:
@@ -63,7 +67,7 @@ def catalog_names(body: dict, api: str) -> frozenset[str]:
         if not isinstance(tool, dict):
             continue
         if api == "chat":
-            fn = tool.get("function")
+            fn = tool.get("function") if tool.get("type") != "custom" else tool.get("custom")
             if isinstance(fn, dict) and isinstance(fn.get("name"), str):
                 names.add(fn["name"])
         elif tool.get("type") in ("function", "custom") and isinstance(tool.get("name"), str):
@@ -132,6 +136,13 @@ def _judge_2xx(case: Case, expect: Expect, observed: Observed, figures: Figures)
             c["violations_leaked"] += len(leaked)
             problems.append(f"calls outside the request's subset {sorted(expect.allowed)}: "
                             f"{leaked}")
+    if observed.finish in ("completed", "stop", "tool_calls"):   # a cut-off input may be partial
+        refused = [(name, text) for name, text in observed.calls
+                   if name in expect.grammars and not expect.grammars[name].admits(text)]
+        if refused:
+            c["custom_inputs_leaked"] += len(refused)
+            c["violations_leaked"] += len(refused)
+            problems.append(f"custom tool inputs their grammar refuses: {refused[:3]}")
     if not expect.parallel and len(observed.calls) > 1:
         c["parallel_false_excess"] += 1
         problems.append(f"parallel_tool_calls false but {len(observed.calls)} calls")
@@ -224,6 +235,8 @@ def run_fuzz(base_url: str, examples: int, *, strict: bool, seed: int | None = N
         def one(case: Case) -> None:
             figures.counts[f"kind_{case.kind}"] += 1
             figures.counts["with_faults" if case.faults else "without_faults"] += 1
+            if case.has_custom_tools():
+                figures.counts["with_custom_tools"] += 1
             expect = expected(case)
             figures.counts[f"expect_{expect.outcome}"] += 1
             observed = send_sync(client, base_url, case.api, case.body, case.stream)

@@ -27,6 +27,11 @@ class Case:
     input_fault: str | None = None  # the top-level field broken on purpose (vLLM must reject it)
     intended: frozenset[str] | None = None   # the subset a near-miss choice meant to select
 
+    def has_custom_tools(self) -> bool:
+        tools = self.body.get("tools") if isinstance(self.body, dict) else None
+        return isinstance(tools, list) and any(isinstance(tool, dict) and tool.get("type") == "custom"
+                                               for tool in tools)
+
     def describe(self) -> str:
         body = self.body.decode(errors="replace") if isinstance(self.body, bytes) else self.body
         return json.dumps({"api": self.api, "stream": self.stream, "faults": self.faults,
@@ -46,7 +51,7 @@ SELECTION_FAULTS = ["tools_missing", "tools_null", "tools_empty", "tools_not_lis
                     "entry_type_not_string", "entry_non_function", "entry_namespace_type",
                     "entry_name_missing", "entry_name_empty", "entry_name_not_string",
                     "entry_unknown", "entry_near_miss", "entry_other_api_shape", "entry_extra_keys",
-                    "entry_bad_namespace", "entry_unknown_namespace"]
+                    "entry_bad_namespace", "entry_unknown_namespace", "entry_custom_kind_swapped"]
 MODES = ["none", "bogus", MISSING, None, 1, "AUTO"]
 PLAIN_CHOICES = [MISSING, "none", "auto", "required", "bogus", "named", "named_unknown",
                  "named_malformed", "weird_object", 7, "near_miss_type", "no_type"]
@@ -59,6 +64,29 @@ INPUT_FAULTS = {"chat": ["messages_not_list", "messages_empty", "messages_missin
                 "responses": ["input_not_text", "input_empty", "input_missing",
                               "max_tokens_negative", "max_tokens_string", "temperature_string",
                               "stream_not_bool", "model_unknown"]}
+#: custom tools a catalog may carry (grammar and text formats), each by its name
+CUSTOM_FORMATS = {
+    "decide": {"type": "grammar", "syntax": "lark", "definition": 'start: "yes" | "no" | "later"'},
+    "word": {"type": "grammar", "syntax": "regex", "definition": "[a-z]{1,8}"},
+    "patch": {"type": "grammar", "syntax": "lark", "definition": (
+        'start: "*** Begin Patch" LF "*** Add File: " NAME LF ("+" TEXT LF)+ "*** End Patch"\n'
+        'NAME: /[a-z]{1,8}\\.txt/\nTEXT: /[a-z "\\\\]{0,12}/\n%import common.LF\n')},
+    "note": {"type": "text"},
+}
+#: the endpoints whose catalogs get custom tools
+CUSTOM_TOOL_APIS = ("responses",)
+#: custom tools broken on purpose: a grammar that does not compile (lookahead, unbalanced Lark, a
+#: backreference) or a malformed ``format``
+CUSTOM_FAULTS = {
+    "lookahead": {"type": "grammar", "syntax": "regex", "definition": "(?=a)a+"},
+    "backreference": {"type": "grammar", "syntax": "regex", "definition": "(a)\\1"},
+    "unbalanced_lark": {"type": "grammar", "syntax": "lark", "definition": 'start: ("a"'},
+    "unknown_syntax": {"type": "grammar", "syntax": "pcre", "definition": "a"},
+    "definition_missing": {"type": "grammar", "syntax": "lark"},
+    "definition_not_string": {"type": "grammar", "syntax": "lark", "definition": 5},
+    "format_type_bogus": {"type": "bogus"},
+    "format_not_object": "text",
+}
 RAW_BODIES = [b"{not json", b"[1, 2]", b'"x"', b"", b'{"model": "tiny", "messages": [',
               b"null", b"\xff\xfe"]
 
@@ -69,6 +97,17 @@ def _weighted(st, common: Any, rare: list[Any], common_weight: int) -> Any:
 
 def _tool(api: str, tool) -> dict[str, Any]:
     return tool.chat_tool() if api == "chat" else tool.responses_tool()
+
+
+def custom_tool(api: str, name: str, fmt: Any) -> dict[str, Any]:
+    """A ``custom`` tool in ``api``'s shape (Chat nests it under ``custom``, as it does functions)."""
+    inner = {"name": name, "description": f"The {name} tool.", "format": fmt}
+    return {"type": "custom", "custom": inner} if api == "chat" else {"type": "custom", **inner}
+
+
+def custom_selector(api: str, name: Any) -> dict[str, Any]:
+    return {"type": "custom", "custom": {"name": name}} if api == "chat" else \
+        {"type": "custom", "name": name}
 
 
 # ------------------------------------------------------------------------------- catalogs
@@ -162,23 +201,40 @@ def _draw_catalog(draw, st, api: str, faults: list[str]) -> tuple[Any, list[str]
         tools = tools[:split] + [{"type": "namespace", "name": "crm", "description": "CRM.",
                                   "tools": tools[split:]}]
         names = names[:split] + [draw(st.sampled_from([n, f"crm__{n}"])) for n in names[split:]]
+    customs: list[str] = []
+    if api in CUSTOM_TOOL_APIS and draw(st.integers(0, 2)) == 0:
+        # custom tools next to the functions, one broken now and then
+        customs = draw(st.lists(st.sampled_from(sorted(CUSTOM_FORMATS)), min_size=1, max_size=3,
+                                unique=True))
+        tools = tools + [custom_tool(api, name, CUSTOM_FORMATS[name]) for name in customs]
+        broken = draw(_weighted(st, None, sorted(CUSTOM_FAULTS), 2 * len(CUSTOM_FAULTS)))
+        if broken is not None:
+            tools.insert(draw(st.integers(0, len(tools))),
+                         custom_tool(api, "broken_" + broken, CUSTOM_FAULTS[broken]))
+            faults.append(f"custom:{broken}")
     catalog_fault = draw(_weighted(st, None, CATALOG_FAULTS[api], 3 * len(CATALOG_FAULTS[api])))
     if catalog_fault is not None:
         tools = _apply_catalog_fault(api, list(tools), catalog_fault, draw, st)
         faults.append(f"catalog:{catalog_fault}")
-    return tools, names
+    return tools, names + [CustomName(name) for name in customs]
+
+
+class CustomName(str):
+    """A selectable name that is a custom tool's (selected by a ``custom`` entry)."""
 
 
 # ----------------------------------------------------------------------------- selections
 
 def _selector(api: str, name: Any, **extra: Any) -> dict[str, Any]:
+    if isinstance(name, CustomName):
+        return {**custom_selector(api, str(name)), **extra}
     if api == "chat":
         return {"type": "function", "function": {"name": name}, **extra}
     return {"type": "function", "name": name, **extra}
 
 
 def _broken_selector(api: str, fault: str, names: list[str], draw, st) -> Any:
-    some = names[0] if names else POOL[0].name
+    some = draw(st.sampled_from(names)) if names else POOL[0].name
     if fault == "entry_not_object":
         return draw(st.sampled_from([some, 3, None, [some]]))
     if fault == "entry_type_missing":
@@ -187,7 +243,10 @@ def _broken_selector(api: str, fault: str, names: list[str], draw, st) -> Any:
         return {**_selector(api, some), "type": draw(st.sampled_from([1, None, ["function"]]))}
     if fault == "entry_non_function":
         return draw(st.sampled_from([{"type": "mcp", "server_label": "x"}, {"type": "web_search"},
-                                     {"type": "custom", "name": some}, {"type": "file_search"}]))
+                                     custom_selector(api, str(some)), {"type": "file_search"}]))
+    if fault == "entry_custom_kind_swapped":   # a custom entry for a function, or the reverse
+        return {**_selector(api, str(some))} if isinstance(some, CustomName) else \
+            custom_selector(api, some)
     if fault == "entry_namespace_type":
         return {"type": "namespace", "name": "crm"}
     if fault == "entry_name_missing":
@@ -260,9 +319,10 @@ def _draw_plain_choice(draw, st, api: str, names: list[str], body: dict,
     plain = draw(st.sampled_from(PLAIN_CHOICES))
     if plain in BROKEN_PLAIN_CHOICES:
         faults.append(f"plain:{plain}")
-    some = names[0]
+    some = draw(st.sampled_from(names))
     if plain == "named":
-        body["tool_choice"] = _named(api, some)
+        body["tool_choice"] = custom_selector(api, str(some)) if isinstance(some, CustomName) \
+            else _named(api, some)
     elif plain == "named_unknown":
         body["tool_choice"] = _named(api, "no_such_tool")
     elif plain == "named_malformed":

@@ -39,7 +39,9 @@ def _fuzz_row(fuzz: Figures) -> str:
     details = (f"4xx: {c['4xx_plugin']} from the plugin (exact param), {c['4xx_vllm']} from vLLM, "
                f"{c['4xx_without_field']} without a field ({known} on known bugs, below); "
                f"{c['unexpected_outcome']} unexpected status; {c['calls_returned']} calls "
-               f"returned; {c['stream_errors']} stream errors; {c['echo_mismatch']} echo "
+               f"returned; {c['with_custom_tools']} requests with custom tools, "
+               f"{c['custom_inputs_leaked']} custom inputs their grammar refuses; "
+               f"{c['stream_errors']} stream errors; {c['echo_mismatch']} echo "
                f"mismatches; calls stopped by the plugin "
                f"{fuzz.extra.get('plugin_stopped_calls', 0):.0f}; {fuzz.extra.get('seconds')} s")
     return _row("fuzz (both endpoints, unary + stream)", c["requests"], c["2xx"], c["4xx"],

@@ -59,7 +59,8 @@ class Observed:
 
 
 def _responses_output_calls(response: dict) -> list[tuple[str | None, str]]:
-    return [(flat_name(item.get("name"), item.get("namespace")), item.get("arguments") or "")
+    return [(flat_name(item.get("name"), item.get("namespace")),
+             item.get("arguments") or item.get("input") or "")
             for item in response.get("output") or [] if isinstance(item, dict)
             and item.get("type") in ("function_call", "custom_tool_call")]
 
@@ -72,14 +73,19 @@ def parse_unary(api: str, status: int, payload: Any, observed: Observed) -> None
     if api == "chat":
         choice = (payload.get("choices") or [{}])[0]
         message = choice.get("message") or {}
-        observed.calls = [(flat_name((c.get("function") or {}).get("name")),
-                           (c.get("function") or {}).get("arguments") or "")
-                          for c in message.get("tool_calls") or []]
+        observed.calls = [_chat_call(c) for c in message.get("tool_calls") or []]
         observed.finish = choice.get("finish_reason")
     else:
         observed.calls = _responses_output_calls(payload)
         observed.echoes.append(payload.get("tool_choice"))
         observed.finish = payload.get("status")
+
+
+def _chat_call(call: dict) -> tuple[str | None, str]:
+    """(name, arguments) of a Chat ``tool_calls`` entry: a function's, or a custom tool's input."""
+    function, custom = call.get("function") or {}, call.get("custom") or {}
+    return (flat_name(function.get("name") or custom.get("name")),
+            function.get("arguments") or custom.get("input") or "")
 
 
 def _fold_chat_event(event: dict, observed: Observed, calls: dict[int, list[str]]) -> None:
@@ -91,9 +97,9 @@ def _fold_chat_event(event: dict, observed: Observed, calls: dict[int, list[str]
             observed.finish = choice["finish_reason"]
         for call in (choice.get("delta") or {}).get("tool_calls") or []:
             entry = calls.setdefault(call.get("index", 0), ["", ""])
-            function = call.get("function") or {}
+            function = call.get("function") or call.get("custom") or {}
             entry[0] += function.get("name") or ""
-            entry[1] += function.get("arguments") or ""
+            entry[1] += function.get("arguments") or function.get("input") or ""
 
 
 def _fold_responses_event(event: dict, observed: Observed, calls: dict[int, list[str]]) -> Any:
