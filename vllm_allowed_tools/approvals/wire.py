@@ -203,7 +203,9 @@ def _model_input(engine: ApprovalEngine, items: list[Any], parsed: ApprovalItems
                 new_input.append(call)     # its real output follows in the history
             continue                       # no result known: nothing rather than a false one
         new_input.append(call)
-        decline = declined.get(record.id) or Decline.of(record, _cause(record.status))
+        cause = _cause(record.status)
+        decline = declined.get(record.id) or Decline.of(   # a replay: the reason it was given
+            record, cause, record.reason if cause == "declined" else None)  # type: ignore[arg-type]
         new_input.append(decline.output_item())   # a custom tool's: custom_tool_call_output
     return new_input
 
