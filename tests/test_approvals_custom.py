@@ -355,3 +355,22 @@ def test_proposed_custom_call_digest_and_decline_kind(engine):
     [item] = engine.propose_all([call], principal="alice", session="s1")
     assert item.tool_type == "custom" and item.arguments_digest == input_digest("raw text")
     assert json.loads(json.dumps(item.to_json()))["tool_type"] == "custom"
+
+
+def test_the_documented_custom_tool_vector_is_what_the_server_computes():
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "approvals.md").read_text()
+    section = re.search(r"\n### Custom tools\n(.*?)(?=\n### )", doc, re.S).group(1)
+    digests = dict(re.findall(r"`(input_digest|custom_definition_digest)`: `(sha256:[0-9a-f]{64})`",
+                              section))
+    text = "*** Begin Patch\n*** Add File: hello.txt\n+hi\n*** End Patch"
+    assert input_digest(text) == digests["input_digest"]
+    spec = FunctionSpec.custom("apply_patch", "Apply a patch.", ("lark", "start: /[a-z]+/"))
+    assert definition_digest(spec) == digests["custom_definition_digest"]
+    [command] = re.findall(r"```sh\n(.*?)\n```", section, re.S)
+    run = subprocess.run(["sh", "-c", command.replace("| python -c ", f"| {sys.executable} -c ")],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert run.stdout.strip() == digests["input_digest"]
