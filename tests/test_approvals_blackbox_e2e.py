@@ -846,11 +846,67 @@ def test_a_gated_custom_tool_is_never_called_without_approval(server, tools, too
         output, error = (data["output"], None) if status == 200 else ([], data["error"])
     assert not [item for item in output if item.get("type") == "custom_tool_call"], output
     _assert_nothing_released(output)
-    if status == 200:   # offered: then only ever as a question
-        if tool_choice != "auto":   # a call is forced: it is asked about
-            assert any(item["type"] == "elicitation" and item["name"] == CUSTOM
-                       for item in output), output
+    if status == 200:   # offered: then only ever as a question (a free-text input the token
+        # limit cuts is no call: nothing to ask about; a completed call is asked about, see below)
+        assert all(item["name"] == CUSTOM for item in output if item["type"] == "elicitation")
     else:               # refused up front (ours names the tool)
         assert 400 <= status < 500, error
         if error.get("code") == "custom_tool_needs_approval":
             assert error["param"].startswith("tools[0]"), error
+
+
+#: a grammar that fixes the input: a forced call's input is this text exactly
+_FIXED_INPUT = "send it now"
+_GRAMMAR_CUSTOM_TOOL = {"type": "custom", "name": CUSTOM, "description": "Send a raw email.",
+                        "format": {"type": "grammar", "syntax": "lark",
+                                   "definition": f'start: "{_FIXED_INPUT}"'}}
+
+
+def _custom_body(*history: Any, session: str, **fields: Any) -> dict[str, Any]:
+    """A Responses request forcing a call of the gated custom tool (required allowlist of it)."""
+    forced = {"tools": [_GRAMMAR_CUSTOM_TOOL, POOL_BY_NAME[FREE].responses_tool()],
+              "tool_choice": {"type": "allowed_tools", "mode": "required",
+                              "tools": [{"type": "custom", "name": CUSTOM}]}}
+    return _body(*history, session=session, **{**forced, **fields})
+
+
+def _custom_elicitation(output: list[dict[str, Any]]) -> dict[str, Any]:
+    _assert_nothing_released(output)
+    [elicitation] = [item for item in output if item["type"] == "elicitation"]
+    assert elicitation["name"] == CUSTOM and elicitation["tool_type"] == "custom", elicitation
+    assert elicitation["arguments"] == _FIXED_INPUT
+    assert elicitation["arguments_digest"] == _rfc8785_digest(_FIXED_INPUT)   # the JSON string's
+    return elicitation
+
+
+def test_a_gated_custom_tool_elicits_accept_releases_it_and_decline_reaches_the_model(server):
+    session = "custom-approval"
+    # unary: the held custom_tool_call becomes its elicitation; an accept releases exactly it
+    elicitation = _custom_elicitation(_ok(server, _custom_body(session=session)))
+    before = _prompt_tokens(server)
+    output = _ok(server, _custom_body(USER, elicitation, _answer(elicitation), session=session))
+    assert _prompt_tokens(server) == before   # released without a model call
+    assert [(i["type"], i["call_id"], i["name"], i["input"]) for i in output] == [
+        ("custom_tool_call", elicitation["call_id"], CUSTOM, _FIXED_INPUT)], output
+    # streamed: the input's events are withheld, the elicitation is sent instead
+    status, events = _stream(server, {**_custom_body(session=session), "stream": True})
+    assert status == 200, events
+    assert not any(e["type"].startswith("response.custom_tool_call_input") for e in events)
+    streamed = _custom_elicitation([e["item"] for e in events
+                                    if e["type"] == "response.output_item.done"])
+    assert events[-1]["response"]["output"] == [streamed]
+    # an accept streamed back: the recorded call, as the direct answer's events
+    status, events = _stream(server, {**_custom_body(USER, streamed, _answer(streamed),
+                                                     session=session), "stream": True})
+    assert status == 200, events
+    assert [(i["type"], i["call_id"], i["input"]) for i in events[-1]["response"]["output"]] == [
+        ("custom_tool_call", streamed["call_id"], _FIXED_INPUT)]
+    # a decline: the model is asked again, seeing the call and its custom_tool_call_output
+    declined = _custom_elicitation(_ok(server, _custom_body(session=session)))
+    before = _prompt_tokens(server)
+    output = _ok(server, _custom_body(USER, declined, _answer(declined, "decline", reason="no"),
+                                      session=session))
+    assert _prompt_tokens(server) > before
+    assert not any(i.get("call_id") == declined["call_id"] and i["type"] == "custom_tool_call"
+                   for i in output)
+    _assert_nothing_released(output)

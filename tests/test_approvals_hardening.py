@@ -31,6 +31,7 @@ from vllm_allowed_tools.approvals import (
 )
 from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals.hints import check_hints
+from vllm_allowed_tools.approvals.store.sql import SCHEMA_VERSION
 from vllm_allowed_tools.approvals.wire import ResponseApprovals, principal_from_headers
 from vllm_allowed_tools.request import ToolIdentity, resolve_allowlist
 
@@ -308,7 +309,7 @@ def test_a_schema_1_store_gains_a_secret_when_opened(tmp_path):
     assert len(store.principal_secret) == 32
     assert SQLiteGrantStore(db).principal_secret == store.principal_secret
     with sqlite3.connect(db) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
     store.close()
 

@@ -183,11 +183,24 @@ def test_decisions_are_by_template_and_method():
     assert decide("/v1/responses/{response_id}", "GET").decision == "stored"
 
 
-@pytest.mark.parametrize(("path", "tool"), [
-    ("/v1/responses", {"type": "custom", "name": GATED, "description": "free-form"}),
-    ("/v1/chat/completions", {"type": "custom", "custom": {"name": GATED}}),
+def test_a_gated_top_level_custom_tool_is_served_for_approval(served):
+    """Its calls are elicited like a function's: no 400 before generation (this app has no
+    engine, so what answers is vLLM's, never the approvals' refusal)."""
+    client, _ = served
+    body = {"model": "m", "input": "hi",
+            "tools": [{"type": "custom", "name": GATED, "description": "free-form"}]}
+    answer = client.post("/v1/responses", json=body)
+    assert "custom_tool_needs_approval" not in answer.text, answer.text
+
+
+@pytest.mark.parametrize(("path", "tool", "param"), [
+    ("/v1/responses", {"type": "namespace", "name": "mail", "description": "Mail.", "tools": [
+        {"type": "custom", "name": GATED}]}, "tools[0].tools[0]"),
+    ("/v1/chat/completions", {"type": "custom", "custom": {"name": GATED}}, "tools[0]"),
 ])
-def test_a_gated_custom_tool_is_refused_before_generation(served, path, tool):
+def test_a_gated_custom_tool_the_catalog_does_not_model_is_refused(served, path, tool, param):
+    """A namespaced custom member (vLLM renders none), and Chat's custom shape where the resolver
+    has none: no call of theirs could be asked about, so they are refused before generation."""
     client, _ = served
     body = {"model": "m", "tools": [tool],
             **({"input": "hi"} if path == "/v1/responses" else
@@ -195,4 +208,4 @@ def test_a_gated_custom_tool_is_refused_before_generation(served, path, tool):
     answer = client.post(path, json=body)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "custom_tool_needs_approval"
-    assert answer.json()["error"]["param"] == "tools[0]"
+    assert answer.json()["error"]["param"] == param

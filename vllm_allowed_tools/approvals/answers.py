@@ -92,10 +92,15 @@ def check_answer(store: GrantStore, response: ElicitationResponse | Mapping[str,
     return CheckedAnswer(typed, record, param, stale=stale, in_history=in_history)
 
 
+#: the Responses items of calls a model made to the client's tools (functions, custom tools)
+CALL_ITEM_TYPES = ("function_call", "custom_tool_call")
+
+
 def function_call_ids(items: Sequence[Any]) -> set[str]:
-    """The call ids of the ``function_call`` items of a Responses ``input`` list (its history)."""
+    """The call ids of the ``function_call`` and ``custom_tool_call`` items of a Responses
+    ``input`` list (its history)."""
     return {item["call_id"] for item in items if isinstance(item, Mapping)
-            and item.get("type") == "function_call" and isinstance(item.get("call_id"), str)}
+            and item.get("type") in CALL_ITEM_TYPES and isinstance(item.get("call_id"), str)}
 
 
 def same_answer(record: ElicitationRecord, response: ElicitationResponse) -> bool:
@@ -115,7 +120,7 @@ def release_of(record: ElicitationRecord) -> Release:
     return Release(call_id=record.call_id, name=record.name, namespace=record.namespace,
                    arguments=record.arguments, arguments_digest=record.arguments_digest,
                    definition_digest=record.definition_digest, via="approval", scope=record.scope,
-                   grant_id=record.grant_id, elicitation_id=record.id)
+                   grant_id=record.grant_id, elicitation_id=record.id, tool_type=record.tool_type)
 
 
 def _check_turn(record: ElicitationRecord, param: str, turn: TurnAllowlist | None, *,

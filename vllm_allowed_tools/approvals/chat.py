@@ -35,8 +35,8 @@ _HOW_TO_APPROVE = (
 class ChatApprovals:
     """What the approval policy leaves callable in one Chat turn (decided when it arrives).
 
-    ``blocked``: flat names of gated tools no live grant covers; the grammar does not admit them
-    and the output guard refuses them. ``granted``: flat name -> the grant that releases its calls.
+    ``blocked``: flat names of gated tools (functions and custom tools alike) no live grant covers;
+    the grammar does not admit them and the output guard refuses them. ``granted``: flat name -> the grant that releases its calls.
     """
 
     blocked: frozenset[str] = frozenset()
@@ -57,7 +57,7 @@ class ChatCallFilter(CallFilter):
         self.blocked = blocked
 
     def allows(self, kind: CallKind, name: str | None) -> bool:
-        if kind == "function" and name in self.blocked:
+        if kind in ("function", "custom") and name in self.blocked:
             return False
         return self.base.allows(kind, name)
 
@@ -66,7 +66,7 @@ class ChatCallFilter(CallFilter):
 
     def refusal_message(self, kind: CallKind, name: str | None, *, public_name: bool) -> str | None:
         """A blocked tool's refusal says how to approve it; anything else is ``base``'s."""
-        if kind != "function" or name not in self.blocked:
+        if kind not in ("function", "custom") or name not in self.blocked:
             return self.base.refusal_message(kind, name, public_name=public_name)
         flat_name = name
         shown = f"tool {flat_name!r}" if public_name else "a tool"

@@ -13,7 +13,8 @@ from typing import Any
 from ..request import FunctionSpec, ToolIdentity, function_digest, text_digest, value_digest
 from .legacy_digests import legacy_definition_digest
 
-__all__ = ["PREFIX", "arguments_digest", "definition_digest", "definition_matches"]
+__all__ = ["PREFIX", "arguments_digest", "call_arguments_digest", "definition_digest",
+           "definition_matches", "input_digest"]
 
 PREFIX = "sha256:"
 
@@ -25,6 +26,20 @@ def arguments_digest(arguments: str | Mapping[str, Any]) -> str:
     if isinstance(arguments, str):
         return PREFIX + text_digest(arguments)
     return PREFIX + value_digest(dict(arguments))
+
+
+def input_digest(text: str) -> str:
+    """``sha256:`` + hex SHA-256 of the RFC 8785 JSON of the string ``text``: the arguments digest of
+    a custom tool's call, whose ``input`` is raw text, never read as JSON (``docs/approvals.md``,
+    "Custom tools"). A text RFC 8785 cannot represent (an unpaired surrogate) is digested over
+    ``python-json:`` + its ASCII ``json.dumps``, as any value is."""
+    return PREFIX + value_digest(text)
+
+
+def call_arguments_digest(arguments: str, kind: str = "function") -> str:
+    """The arguments digest of a call to a tool of ``kind``: :func:`arguments_digest` of a function's
+    JSON text, :func:`input_digest` of a custom tool's raw input."""
+    return input_digest(arguments) if kind == "custom" else arguments_digest(arguments)
 
 
 def definition_digest(spec: FunctionSpec | None = None, *, identity: ToolIdentity | None = None,

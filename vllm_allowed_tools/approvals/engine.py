@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
 from .answers import CheckedAnswer, check_answer, function_call_ids, release_of, same_answer
-from .digests import arguments_digest as compute_arguments_digest
+from .digests import call_arguments_digest
 from .errors import CODE_ELICITATION_CONSUMED, ApprovalInputError
 from .items import ApprovalItems, ElicitationResponse, ToolCallApproval, parse_input_items
 from .legacy_digests import legacy_arguments_digest, legacy_definition_digest
@@ -110,14 +110,14 @@ class ApprovalEngine:
     def _decide(self, call: ProposedCall, principal: str, session: str | None, now: float,
                 batch: str) -> Release | ElicitationRecord | Decline:
         effective = self.policy.effective(call.identity, call.hint, hint_param=call.hint_param)
-        args_digest = compute_arguments_digest(call.arguments)
+        args_digest = call_arguments_digest(call.arguments, call.kind)
 
         def release(via: Literal["policy", "grant"], grant: Grant | None = None) -> Release:
             return Release(call_id=call.call_id, name=call.identity.name,
                            namespace=call.identity.namespace, arguments=call.arguments,
                            arguments_digest=args_digest, definition_digest=call.definition_digest,
                            via=via, scope=grant.scope if grant else None,
-                           grant_id=grant.id if grant else None)
+                           grant_id=grant.id if grant else None, tool_type=call.kind)
 
         if not effective.required:
             return release("policy")
@@ -139,7 +139,7 @@ class ApprovalEngine:
             definition_digest=call.definition_digest, requested_scopes=scopes,
             bind_arguments=effective.bind_arguments,
             grant_expires_in=dict(effective.grant_expires_in), message=message, created_at=now,
-            expires_at=float(int(now) + effective.expires_in))
+            expires_at=float(int(now) + effective.expires_in), tool_type=call.kind)
 
     # ------------------------------------------------------------------------------ resolve
 
@@ -312,8 +312,10 @@ class ApprovalEngine:
                                           arguments_digest=arguments, now=now)
 
         today = _NO_ARGUMENTS if unbound_only else (
-            arguments_digest or compute_arguments_digest(call.arguments))
+            arguments_digest or call_arguments_digest(call.arguments, call.kind))
         yield from find(call.definition_digest, today)
+        if call.kind == "custom":
+            return   # an earlier server approved no custom tool: nothing was stored under its rule
         earlier = _NO_ARGUMENTS if unbound_only else legacy_arguments_digest(call.arguments)
         # a stored pair of today's definition digest and an earlier arguments digest exists only
         # where both rules give the definition one digest (a grant minted from an earlier record)

@@ -90,6 +90,9 @@ class ToolCallApproval:
     tool_definition_digest: str
     requested_scopes: tuple[str, ...]
     expires_at: int
+    #: ``function``, or ``custom``: the call is a ``custom_tool_call`` and ``arguments`` its raw
+    #: ``input`` (on the wire only then, as ``"tool_type": "custom"``)
+    tool_type: str = "function"
 
     @property
     def identity(self) -> ToolIdentity:
@@ -101,7 +104,8 @@ class ToolCallApproval:
                    name=item["name"], namespace=item.get("namespace"), arguments=item["arguments"],
                    arguments_digest=item["arguments_digest"],
                    tool_definition_digest=item["tool_definition_digest"],
-                   requested_scopes=tuple(item["requested_scopes"]), expires_at=item["expires_at"])
+                   requested_scopes=tuple(item["requested_scopes"]), expires_at=item["expires_at"],
+                   tool_type=item.get("tool_type") or "function")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -113,6 +117,8 @@ class ToolCallApproval:
         out.update({"arguments": self.arguments, "arguments_digest": self.arguments_digest,
                     "tool_definition_digest": self.tool_definition_digest,
                     "requested_scopes": list(self.requested_scopes), "expires_at": self.expires_at})
+        if self.tool_type != "function":
+            out["tool_type"] = self.tool_type
         return out
 
 
@@ -153,6 +159,8 @@ register_elicitation_type(ElicitationType(
         "requested_scopes": {"type": "array", "items": {"enum": list(SCOPES)}, "minItems": 1,
                              "uniqueItems": True},
         "expires_at": {"type": "integer", "minimum": 0},
+        # an extension: a custom tool's call (``arguments`` holds its raw ``input``)
+        "tool_type": {"enum": ["function", "custom"]},
     },
     item_required=("call_id", "name", "arguments", "arguments_digest", "tool_definition_digest",
                    "requested_scopes", "expires_at"),

@@ -43,7 +43,10 @@ def legacy_arguments_digest(arguments: str) -> str | None:
 
 
 def legacy_definition_digest(spec: FunctionSpec) -> str | None:
-    """The definition digest an earlier server gave ``spec``; None where it could not compute one."""
+    """The definition digest an earlier server gave ``spec``; None where it could not compute one,
+    and for a custom tool (an earlier server approved none: nothing was stored for one)."""
+    if spec.kind == "custom":
+        return None
     try:
         text = _legacy_json({"namespace": spec.identity.namespace, "name": spec.identity.name,
                              "description": spec.description, "parameters": spec.parameters})

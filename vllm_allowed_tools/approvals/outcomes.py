@@ -12,18 +12,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..request import FunctionSpec, ToolIdentity
+from ..request.identity import ToolKind
 from .digests import definition_digest as compute_definition_digest
 from .errors import ApprovalInputError
 from .store import ElicitationRecord
 
-__all__ = ["Decline", "DeclineCause", "Outcome", "ProposedCall", "Rejected", "Release", "Replayed"]
+__all__ = ["Decline", "DeclineCause", "Outcome", "ProposedCall", "Rejected", "Release", "Replayed",
+           "call_item"]
 
 
 @dataclass(frozen=True)
 class ProposedCall:
     """One tool call a model produced, with the definition it was produced against.
 
-    ``arguments`` is the JSON text exactly as the model emitted it (it is what a release hands on).
+    ``arguments`` is the JSON text exactly as the model emitted it (it is what a release hands on);
+    for a ``custom`` tool (``kind``), the call's raw ``input``.
     ``hint`` is the tool definition's ``approval`` object (:func:`~.hints.approval_hint`), and
     ``hint_param`` where it sits in the request (for 400 messages). ``spec``, when known (it is
     from :meth:`from_spec`), also finds grants stored under the digest rule before RFC 8785.
@@ -36,13 +39,14 @@ class ProposedCall:
     hint: Mapping[str, Any] | None = None
     hint_param: str = "approval"
     spec: FunctionSpec | None = field(default=None, compare=False, repr=False)
+    kind: ToolKind = "function"
 
     @classmethod
     def from_spec(cls, spec: FunctionSpec, *, call_id: str, arguments: str,
                   hint: Mapping[str, Any] | None = None, hint_param: str = "approval") -> ProposedCall:
         return cls(call_id=call_id, identity=spec.identity, arguments=arguments,
                    definition_digest=compute_definition_digest(spec), hint=hint,
-                   hint_param=hint_param, spec=spec)
+                   hint_param=hint_param, spec=spec, kind=spec.kind)
 
     @property
     def flat_name(self) -> str:
@@ -68,6 +72,8 @@ class Release:
     scope: str | None = None
     grant_id: str | None = None
     elicitation_id: str | None = None
+    #: ``custom``: the call is a ``custom_tool_call`` whose ``input`` is ``arguments``
+    tool_type: ToolKind = "function"
 
     executes: bool = field(default=True, init=False)
 
@@ -75,13 +81,12 @@ class Release:
     def flat_name(self) -> str:
         return ToolIdentity(self.namespace, self.name).flat_name
 
-    def function_call_item(self) -> dict[str, Any]:
-        """A Responses ``function_call`` item for the released call (no ``id``: the glue adds one)."""
-        item: dict[str, Any] = {"type": "function_call", "call_id": self.call_id, "name": self.name,
-                                "arguments": self.arguments, "status": "completed"}
-        if self.namespace is not None:
-            item["namespace"] = self.namespace
-        return item
+    def call_item(self) -> dict[str, Any]:
+        """The Responses item of the released call (no ``id``: the glue adds one): a
+        ``function_call``, or a ``custom_tool_call`` for a custom tool."""
+        return call_item(self.tool_type, self.call_id, self.name, self.namespace, self.arguments)
+
+    function_call_item = call_item   # the name from before custom tools: a function's item
 
 
 DeclineCause = Literal["declined", "cancelled", "expired", "unanswered", "definition_changed",
@@ -112,6 +117,7 @@ class Decline:
     reason: str | None
     tool_output: str
     elicitation_id: str | None = None
+    tool_type: ToolKind = "function"
 
     executes: bool = field(default=False, init=False)
 
@@ -125,18 +131,41 @@ class Decline:
             return cls(call_id=record.call_id, name=record.name, namespace=record.namespace,
                        arguments=record.arguments, cause=cause,
                        reason=reason if cause == "declined" else None, tool_output=text,
-                       elicitation_id=record.id)
+                       elicitation_id=record.id, tool_type=record.tool_type)
         assert call is not None
         return cls(call_id=call.call_id, name=call.identity.name, namespace=call.identity.namespace,
-                   arguments=call.arguments, cause=cause, reason=None, tool_output=text)
+                   arguments=call.arguments, cause=cause, reason=None, tool_output=text,
+                   tool_type=call.kind)
 
-    def function_call_output_item(self) -> dict[str, Any]:
-        """The Responses ``function_call_output`` item the model sees for this call."""
-        return {"type": "function_call_output", "call_id": self.call_id, "output": self.tool_output}
+    def call_item(self) -> dict[str, Any]:
+        """The declined call as the model made it (``function_call`` or ``custom_tool_call``)."""
+        return call_item(self.tool_type, self.call_id, self.name, self.namespace, self.arguments)
+
+    def output_item(self) -> dict[str, Any]:
+        """The item the model sees as this call's result: a ``function_call_output``, or a
+        ``custom_tool_call_output`` for a custom tool's call."""
+        kind = "custom_tool_call_output" if self.tool_type == "custom" else "function_call_output"
+        return {"type": kind, "call_id": self.call_id, "output": self.tool_output}
+
+    function_call_output_item = output_item   # the name from before custom tools
 
     def chat_tool_message(self) -> dict[str, Any]:
         """The same, as a Chat Completions ``tool`` message."""
         return {"role": "tool", "tool_call_id": self.call_id, "content": self.tool_output}
+
+
+def call_item(kind: str, call_id: str, name: str, namespace: str | None,
+              arguments: str) -> dict[str, Any]:
+    """A completed Responses call item (no ``id``): ``function_call`` with ``arguments``, or for a
+    ``custom`` tool ``custom_tool_call`` with ``input`` (a custom tool is top level: no namespace)."""
+    if kind == "custom":
+        return {"type": "custom_tool_call", "call_id": call_id, "name": name, "input": arguments,
+                "status": "completed"}
+    item: dict[str, Any] = {"type": "function_call", "call_id": call_id, "name": name,
+                            "arguments": arguments, "status": "completed"}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
 
 
 @dataclass(frozen=True)

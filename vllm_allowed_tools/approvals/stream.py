@@ -9,6 +9,7 @@ from typing import Any
 
 from ..response import NEXT_NUMBER, ResponsesStream, run_sync
 from ..response.responses_stream import Steps
+from .answers import CALL_ITEM_TYPES
 from .errors import GrantStoreUnavailable
 from .wire import ResponseApprovals
 
@@ -16,7 +17,8 @@ _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 
 
 class ApprovalStream:
-    """Hold each function_call item's events until its ``output_item.done``, then pass it as is,
+    """Hold each tool call item's events (``function_call``, ``custom_tool_call``: its arguments
+    or input deltas too) until its ``output_item.done``, then pass it as is,
     as an ``elicitation`` (added + done at one output_index), or not at all. The client's output
     indexes are its own: dense, in the order items are sent, and the terminal snapshot lists the
     items at those positions (``docs/response-path.md``).
@@ -43,7 +45,7 @@ class ApprovalStream:
         return bool(self._held)
 
     def pending_calls(self, event: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The function calls that feeding ``event`` will decide: the held call its
+        """The tool calls that feeding ``event`` will decide: the held call its
         ``output_item.done`` completes, or calls a terminal snapshot carries that no event
         announced (never passed unchecked)."""
         kind = event.get("type", "")
@@ -54,7 +56,7 @@ class ApprovalStream:
         response = event.get("response")
         if isinstance(response, Mapping) and kind in _TERMINAL:
             return [dict(item) for item in response.get("output") or ()
-                    if isinstance(item, Mapping) and item.get("type") == "function_call"
+                    if isinstance(item, Mapping) and item.get("type") in CALL_ITEM_TYPES
                     and item.get("call_id") not in self._decisions
                     and item.get("call_id") not in self._passed]
         return []
@@ -92,7 +94,7 @@ class ApprovalStream:
         kind = event.get("type", "")
         index = event.get("output_index")
         item = event.get("item") if isinstance(event.get("item"), Mapping) else None
-        if kind == "response.output_item.added" and item and item.get("type") == "function_call":
+        if kind == "response.output_item.added" and item and item.get("type") in CALL_ITEM_TYPES:
             self._held[index] = [event]  # type: ignore[index]
             return []
         if index in self._held:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import AllowedToolsError
-from ..request import ToolIdentity, resolve_callable_catalog
+from ..request import ToolIdentity, TurnAllowlist, resolve_callable_catalog
 from ..request.rewrite import Api, Rewritten, narrow_allowlist
 from ..response import request_tools
 from .chat import ChatApprovals, decide_chat_turn
@@ -54,7 +54,8 @@ def prepare_turn(engine: ApprovalEngine, data: Mapping[str, Any], rewritten: Rew
     grant store: it cannot answer an elicitation. Raises AllowedToolsError (a 400, or a 503 when the
     store is down) before generation."""
     check_hints(data, engine.policy)   # a bad `approval` object: 400 before generation
-    _refuse_gated_custom_tools(data, api, engine)
+    catalog = rewritten.allowlist or resolve_callable_catalog(data, api)
+    _refuse_unmodelled_gated_custom_tools(data, api, engine, catalog)
     body = strip_approval_hints(rewritten.body)
     stripped = replace(rewritten, body=body, changed=rewritten.changed or body is not rewritten.body)
     if render:
@@ -62,7 +63,6 @@ def prepare_turn(engine: ApprovalEngine, data: Mapping[str, Any], rewritten: Rew
         return PreparedTurn(stripped)
     principal = principal_from_headers(headers, engine.store.principal_secret)
     session = session_of(data)
-    catalog = rewritten.allowlist or resolve_callable_catalog(data, api)
     if api == "chat":
         chat = decide_chat_turn(engine, data, catalog, principal=principal, session=session)
         return PreparedTurn(narrow_allowlist(stripped, chat.blocked), chat=chat)
@@ -89,15 +89,22 @@ def _refuse_approval_items(body: Mapping[str, Any]) -> None:
                 code="approval_items_not_rendered")
 
 
-def _refuse_gated_custom_tools(body: Mapping[str, Any], api: Api, engine: ApprovalEngine) -> None:
-    """A ``custom`` tool the approval policy gates is refused before generation: its calls
-    (``custom_tool_call``, free-form input) cannot be elicited and released yet, and serving them
-    unasked would skip the approval. Ungated custom tools are served as before."""
+def _refuse_unmodelled_gated_custom_tools(body: Mapping[str, Any], api: Api, engine: ApprovalEngine,
+                                          catalog: TurnAllowlist | None) -> None:
+    """A gated ``custom`` tool is approved like a function (Responses: its ``custom_tool_call`` is
+    elicited; Chat: decided before generation), which needs the resolver's spec of it. One the
+    catalog does not model (a namespace member, which vLLM does not render; a Chat custom tool
+    where the resolver has no Chat custom shape) could only be served unasked: it is refused
+    before generation, failing closed. Ungated ones are served as before."""
+    modelled = {spec.flat_name for spec in catalog.catalog if spec.kind == "custom"} \
+        if catalog is not None else set()
     for param, kind, namespace, name in request_tools(body, api):
-        if kind == "custom" and engine.policy.effective(ToolIdentity(namespace, name)).required:
+        identity = ToolIdentity(namespace, name)
+        if kind == "custom" and identity.flat_name not in modelled \
+                and engine.policy.effective(identity).required:
             raise AllowedToolsError(
-                f"{param} is the custom tool {name!r}, which this server's approval policy "
-                "gates; approvals are served for function tools only, so a gated custom tool cannot "
-                "be offered. Define it as a function tool (its calls then ask for approval), or ask "
-                "the operator to exempt it.", param=param,
-                code="custom_tool_needs_approval")
+                f"{param} is the custom tool {identity.flat_name!r}, which this server's approval "
+                "policy gates, and this server cannot ask for approval of its calls in this "
+                "position (approvals cover top-level custom tools of POST /v1/responses). Define "
+                "it as a top-level custom tool on /v1/responses, or ask the operator to exempt it.",
+                param=param, code="custom_tool_needs_approval")

@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..request import ToolIdentity, TurnAllowlist
-from .answers import CheckedAnswer
+from .answers import CALL_ITEM_TYPES, CheckedAnswer
 from .engine import ApprovalEngine, Decline, ProposedCall, Rejected, Release, Replayed, \
     function_call_ids
 from .hints import approval_hint
 from .items import ApprovalItems, ToolCallApproval, parse_input_items
-from .outcomes import Outcome
+from .outcomes import Outcome, call_item
 
 ANONYMOUS = "anonymous"
 
@@ -180,8 +180,8 @@ def _model_input(engine: ApprovalEngine, items: list[Any], parsed: ApprovalItems
                  present_calls: set[str]) -> list[Any]:
     """The request's input as the model sees it: approval items removed, each echoed
     elicitation shown as its call and decline (``docs/response-path.md``)."""
-    present_outputs = {item.get("call_id") for item in items
-                       if isinstance(item, Mapping) and item.get("type") == "function_call_output"}
+    present_outputs = {item.get("call_id") for item in items if isinstance(item, Mapping)
+                       and item.get("type") in ("function_call_output", "custom_tool_call_output")}
     elicitation_at = dict(parsed.elicitations)
     response_at = {index for index, _ in parsed.responses}
     new_input: list[Any] = []
@@ -196,17 +196,17 @@ def _model_input(engine: ApprovalEngine, items: list[Any], parsed: ApprovalItems
             continue   # not ours to show: nothing of it reaches the model
         if record.call_id in present_calls:
             continue   # accepted earlier: the released call and its real output are in the history
-        call = {"type": "function_call", "call_id": record.call_id, "name": record.name,
-                "arguments": record.arguments, "status": "completed"}
-        if record.namespace is not None:
-            call["namespace"] = record.namespace
+        call = call_item(record.tool_type, record.call_id, record.name, record.namespace,
+                         record.arguments)
         if record.status == "accepted":   # released: never shown as declined
             if record.call_id in present_outputs:
                 new_input.append(call)     # its real output follows in the history
             continue                       # no result known: nothing rather than a false one
         new_input.append(call)
-        decline = declined.get(record.id) or Decline.of(record, _cause(record.status))
-        new_input.append(decline.function_call_output_item())
+        cause = _cause(record.status)
+        decline = declined.get(record.id) or Decline.of(   # a replay: the reason it was given
+            record, cause, record.reason if cause == "declined" else None)  # type: ignore[arg-type]
+        new_input.append(decline.output_item())   # a custom tool's: custom_tool_call_output
     return new_input
 
 
@@ -217,18 +217,22 @@ def _cause(status: str) -> str:
 
 
 def _with_id(release: Release) -> dict[str, Any]:
-    """The released call as an output item. Its ``id`` is derived from the elicitation id, so the
-    same accept answered again yields an identical item (a random one without an elicitation)."""
+    """The released call as an output item (``function_call``, or ``custom_tool_call``). Its ``id``
+    is derived from the elicitation id, so the same accept answered again yields an identical item
+    (a random one without an elicitation)."""
+    item = release.call_item()
+    prefix = "ctc_" if item["type"] == "custom_tool_call" else "fc_"
     if release.elicitation_id:
-        digest = hashlib.sha256(f"function_call:{release.elicitation_id}".encode()).hexdigest()
-        item_id = "fc_" + digest[:24]
+        digest = hashlib.sha256(f"{item['type']}:{release.elicitation_id}".encode()).hexdigest()
+        item_id = prefix + digest[:24]
     else:
-        item_id = "fc_" + secrets.token_hex(12)
-    return {"id": item_id, **release.function_call_item()}
+        item_id = prefix + secrets.token_hex(12)
+    return {"id": item_id, **item}
 
 
 class ResponseApprovals:
-    """Decides, per response, which function calls go out and which become elicitations."""
+    """Decides, per response, which tool calls (``function_call``, ``custom_tool_call``) go out
+    and which become elicitations."""
 
     def __init__(self, engine: ApprovalEngine, body: Mapping[str, Any], catalog: TurnAllowlist, *,
                  principal: str, session: str | None) -> None:
@@ -240,14 +244,13 @@ class ResponseApprovals:
 
     def may_call_gated(self) -> bool:
         """Whether this turn can produce a call the policy gates (then it may need the store): a
-        gated function in the allowlist (or in the catalog when there is none); not with
-        ``tool_choice: none``."""
+        gated function or custom tool in the allowlist (or in the catalog when there is none);
+        not with ``tool_choice: none``."""
         if self.catalog.choice == "none":
             return False
         for spec in self.catalog.catalog:
-            if spec.kind == "custom" or (self.catalog.allowed is not None
-                                         and spec.identity not in self.catalog.allowed):
-                continue   # a custom tool the policy gates is refused before this (middleware)
+            if self.catalog.allowed is not None and spec.identity not in self.catalog.allowed:
+                continue
             hint, where = self.hints.get(spec.identity.flat_name, (None, "approval"))
             if self.engine.needs_approval(ProposedCall(call_id="", identity=spec.identity,
                                                        arguments="", definition_digest="",
@@ -256,17 +259,21 @@ class ResponseApprovals:
         return False
 
     def decide(self, calls: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any] | None]:
-        """call_id -> the item to send instead (an elicitation), None (withhold), absent (as is)."""
+        """call_id -> the item to send instead (an elicitation), None (withhold), absent (as is).
+        ``calls``: ``function_call`` and ``custom_tool_call`` items (a custom call's ``input`` is
+        what is approved)."""
         proposed = []
         for call in calls:
             name, namespace = call.get("name"), call.get("namespace")
             flat = ToolIdentity(namespace, name).flat_name if namespace else name
             spec = self.catalog.lookup(flat) if isinstance(flat, str) else None
-            if spec is None:
-                continue   # not a catalog function: the output guard's business
+            custom = call.get("type") == "custom_tool_call"
+            if spec is None or (spec.kind == "custom") != custom:
+                continue   # not a catalog tool of the item's kind: the output guard's business
             hint, where = self.hints.get(flat, (None, "approval"))
+            payload = call.get("input") if custom else call.get("arguments")
             proposed.append(ProposedCall.from_spec(spec, call_id=str(call.get("call_id")),
-                                                   arguments=str(call.get("arguments") or ""),
+                                                   arguments=str(payload or ""),
                                                    hint=hint, hint_param=where))
         if not proposed:
             return {}
@@ -286,13 +293,13 @@ class ResponseApprovals:
         if not isinstance(output, list):
             return response
         calls = [item for item in output if isinstance(item, Mapping)
-                 and item.get("type") == "function_call"]
+                 and item.get("type") in CALL_ITEM_TYPES]
         if decisions is None:
             decisions = self.decide(calls)
         new_output = []
         for item in output:
             call_id = item.get("call_id") if isinstance(item, Mapping) else None
-            if isinstance(item, Mapping) and item.get("type") == "function_call" \
+            if isinstance(item, Mapping) and item.get("type") in CALL_ITEM_TYPES \
                     and call_id in decisions:
                 replacement = decisions[call_id]
                 if replacement is not None:

@@ -280,7 +280,8 @@ class GuardedSend:
             check_chat_completion(data, self._call_filter, contract=self._contract)
         if self._approvals is not None:
             calls = [item for item in data.get("output") or ()
-                     if isinstance(item, dict) and item.get("type") == "function_call"]
+                     if isinstance(item, dict)
+                     and item.get("type") in ("function_call", "custom_tool_call")]
             decisions = await asyncio.to_thread(self._approvals.decide, calls) if calls else {}
             self._approvals.apply_to_response(data, decisions)
         if self._server_turn is not None and self._api == "responses":

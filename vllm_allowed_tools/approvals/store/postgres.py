@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..errors import GrantStoreUnavailable
-from .sql import DEFAULT_STORE_TIMEOUT_S, SCHEMA, SQLStore, read_principal_secret
+from .sql import DEFAULT_STORE_TIMEOUT_S, SCHEMA, SQLStore, migrate, read_principal_secret
 
 __all__ = ["PostgresGrantStore"]
 
@@ -42,6 +42,9 @@ class PostgresGrantStore(SQLStore):
                 cur.execute("SELECT pg_advisory_xact_lock(727274)")  # one schema creator at a time
                 for statement in SCHEMA:
                     cur.execute(statement)
+                cur.execute("SELECT column_name FROM information_schema.columns WHERE "
+                            "table_name = 'elicitations' AND table_schema = current_schema()")
+                migrate(cur, [row[0] for row in cur.fetchall()])
                 self.principal_secret = read_principal_secret(cur)
         except GrantStoreUnavailable as exc:
             raise GrantStoreUnavailable(exc.cause, store="PostgreSQL", detail=(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from ...request import ToolIdentity
+from ...request.identity import ToolKind
 from ..elicitation_types import TOOL_CALL_APPROVAL
 from ..items import ToolCallApproval
 
@@ -54,6 +55,9 @@ class ElicitationRecord:
     reason: str | None = None
     resolved_at: float | None = None
     grant_id: str | None = None
+    #: the kind of tool called: ``function`` (``arguments``: the JSON text), or ``custom`` (a
+    #: ``custom_tool_call``; ``arguments``: its raw ``input``)
+    tool_type: ToolKind = "function"
 
     @property
     def identity(self) -> ToolIdentity:
@@ -66,7 +70,7 @@ class ElicitationRecord:
                                 arguments_digest=self.arguments_digest,
                                 tool_definition_digest=self.definition_digest,
                                 requested_scopes=self.requested_scopes,
-                                expires_at=int(self.expires_at))
+                                expires_at=int(self.expires_at), tool_type=self.tool_type)
 
 
 @dataclass(frozen=True)

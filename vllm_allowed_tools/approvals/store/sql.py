@@ -26,12 +26,15 @@ __all__ = [
     "SCHEMA",
     "SCHEMA_VERSION",
     "SQLStore",
+    "migrate",
     "read_principal_secret",
 ]
 
 #: 2: the ``store_secrets`` table (the principal secret). An older server opening a version-2 file
 #: refuses it: it would derive other principals from the same credentials.
-SCHEMA_VERSION = 2
+#: 3: ``elicitations.tool_type`` (``function`` or ``custom``: a paused ``custom_tool_call``), added
+#: to an earlier table by :func:`migrate`; an older server would release a custom call as a function.
+SCHEMA_VERSION = 3
 
 #: Environment variable: seconds a store operation may wait (SQLite busy timeout, PostgreSQL
 #: connect and lock timeouts) before the store counts as unavailable (:mod:`...settings`).
@@ -66,6 +69,8 @@ SCHEMA = [
         reason TEXT,
         resolved_at DOUBLE PRECISION,
         grant_id TEXT,
+        tool_type TEXT NOT NULL DEFAULT 'function',
+        CHECK (tool_type IN ('function', 'custom')),
         CHECK (status IN ('pending', 'accepted', 'declined', 'cancelled', 'expired', 'unanswered',
                           'invalidated')),
         CHECK ((status = 'pending') = (response_id IS NULL))
@@ -110,6 +115,16 @@ SCHEMA = [
 
 _PRINCIPAL_SECRET = "principal"
 
+#: the column an earlier table lacks, as :func:`migrate` adds it (the CHECK of a new table aside)
+_TOOL_TYPE_COLUMN = "tool_type TEXT NOT NULL DEFAULT 'function'"
+
+
+def migrate(cur: Any, columns: Sequence[str]) -> None:
+    """Bring an ``elicitations`` table created by an earlier version up to :data:`SCHEMA`:
+    ``columns`` are the names it has. Its records were all of function calls (the default)."""
+    if "tool_type" not in columns:
+        cur.execute(f"ALTER TABLE elicitations ADD COLUMN {_TOOL_TYPE_COLUMN}")
+
 
 def read_principal_secret(cur: Any) -> bytes:
     """The store's principal secret, generated on first use (inside the schema transaction, so
@@ -125,7 +140,7 @@ _ELICITATION_COLUMNS = (
     "id", "elicitation_type", "principal", "session", "batch_id", "call_id", "namespace", "name",
     "arguments", "arguments_digest", "definition_digest", "requested_scopes", "bind_arguments",
     "grant_expires_in", "message", "created_at", "expires_at", "status", "response_id", "action",
-    "scope", "reason", "resolved_at", "grant_id")
+    "scope", "reason", "resolved_at", "grant_id", "tool_type")
 _GRANT_COLUMNS = (
     "id", "subject", "session", "namespace", "name", "definition_digest", "arguments_digest",
     "scope", "origin_elicitation_id", "origin_response_id", "origin_session", "created_at",
@@ -139,7 +154,8 @@ def _elicitation_row(r: ElicitationRecord) -> tuple[Any, ...]:
             r.namespace or "", r.name, r.arguments, r.arguments_digest, r.definition_digest,
             json.dumps(list(r.requested_scopes)), int(r.bind_arguments),
             json.dumps(r.grant_expires_in, sort_keys=True), r.message, r.created_at, r.expires_at,
-            r.status, r.response_id, r.action, r.scope, r.reason, r.resolved_at, r.grant_id)
+            r.status, r.response_id, r.action, r.scope, r.reason, r.resolved_at, r.grant_id,
+            r.tool_type)
 
 
 def _elicitation_from(row: Sequence[Any]) -> ElicitationRecord:

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GrantStoreUnavailable
-from .sql import DEFAULT_STORE_TIMEOUT_S, SCHEMA, SCHEMA_VERSION, SQLStore, read_principal_secret
+from .sql import (
+    DEFAULT_STORE_TIMEOUT_S,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SQLStore,
+    migrate,
+    read_principal_secret,
+)
 
 __all__ = ["SQLiteGrantStore"]
 
@@ -98,6 +105,8 @@ class SQLiteGrantStore(SQLStore):
                 for statement in SCHEMA:
                     cur.execute(statement)
                 if version < SCHEMA_VERSION:
+                    migrate(cur, [row[1] for row in
+                                  cur.execute("PRAGMA table_info(elicitations)").fetchall()])
                     cur.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 self.principal_secret = read_principal_secret(cur)
             if created:
