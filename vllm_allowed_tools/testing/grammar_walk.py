@@ -290,11 +290,14 @@ class GrammarWalker:
     def walk(self, rng: random.Random, **options: Any) -> str:
         return "".join(self.walk_tokens(rng, **options))
 
-    def accepts(self, tokens: Sequence[str]) -> bool:
-        """The grammar admits exactly ``tokens`` followed by the end of sequence."""
+    def accepts(self, tokens: Sequence[str], *, masked: bool = False) -> bool:
+        """The grammar admits exactly ``tokens`` followed by the end of sequence (``masked``: each
+        token also in the matcher's mask before it, as a model decoding under the grammar sees it;
+        xgrammar enforces a token budget, ``max_tokens``, only there)."""
         matcher = xgrammar.GrammarMatcher(self.compiled)
         for token in tokens:
-            if token not in self.index or not matcher.accept_token(self.index[token]):
+            if token not in self.index or (masked and self.index[token] not in self._allowed(matcher)) \
+                    or not matcher.accept_token(self.index[token]):
                 return False
         return matcher.accept_token(self.eos_id) and matcher.is_terminated()
 
