@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, with_object_arguments
+from vllm_allowed_tools.decode.marker_tokens import with_marker_tokens
 from vllm_allowed_tools.formats import (
     GrammarSpec,
     WireFormat,
@@ -151,17 +152,34 @@ def _vllm_tag(name: str, mode: str, parallel: bool):
 @pytest.mark.parametrize("parallel", [True, False])
 def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel):
     ours = build_structural_tag(name, allowed_functions(), mode, parallel_tool_calls=parallel)
-    assert dumped(ours) == dumped(as_objects(name, _vllm_tag(name, mode, parallel)))
+    assert dumped(ours) == dumped(as_objects(name, _vllm_tag(name, mode, parallel), mode))
 
 
-def as_objects(name: str, tag):
+def as_objects(name: str, tag, mode: str):
     """vLLM's tag with its argument slots as ours are (objects only; on one line where the format's
-    parser reads no line break): the one transform our builder applies to every format."""
+    parser reads no line break): the one transform our builder applies to every format; and for
+    harmony, calls ending at the call token, a required turn's preamble bounded, markers as tokens."""
     spec = wire_format(name).grammar
     if spec.kind == "vllm":
+        from vllm_allowed_tools.decode.server_tools import bound_preambles, preamble_bound
         from vllm_allowed_tools.vllm_glue.vllm_tags import as_served
         tag = as_served(spec.vllm_model, tag)
-    return with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+        if spec.vllm_model == "harmony":
+            bound_preambles(tag.format, preamble_bound(mode))
+    tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+    return with_marker_tokens(tag, dict(spec.marker_tokens))
+
+
+def harmony_accepts(tag, text: str, *, pieces: bool = False) -> bool:
+    """``tag`` admits ``text`` written with harmony's markers as their tokens (``pieces``: each
+    marker spelled in one-character tokens instead), over a walk vocabulary, each token in the
+    matcher's mask (as a model decodes)."""
+    from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, marker_texts
+    texts = marker_texts("openai")
+    walker = GrammarWalker(tag, list(texts.values()), token_texts=texts)
+    tokens = [piece for part in re.split("(<\\|[a-z]+\\|>)", text) if part
+              for piece in ([part] if part in texts.values() and not pieces else list(part))]
+    return walker.accepts(tokens, masked=True)
 
 
 @pytest.mark.parametrize("mode", ["auto", "required"])
@@ -169,15 +187,60 @@ def test_a_harmony_call_ends_at_the_call_token_only(mode):
     """vLLM's harmony tag lets a call end with ``<|end|>``; spelled in text pieces it passes the
     grammar and the harmony parser (token ids) reads it as part of the arguments. Ours ends a
     call where ``<|call|>`` (a stop token) must follow."""
-    import xgrammar
-    from xgrammar.testing import _is_grammar_accept_string
     tag = build_structural_tag("openai", allowed_functions(), mode, parallel_tool_calls=False)
-    grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
     call = '<|channel|>commentary to=functions.t1 <|constrain|>json<|message|>{"city": "Oslo"}'
-    assert _is_grammar_accept_string(grammar, call)
-    assert not _is_grammar_accept_string(grammar, call + "<|end|>")
-    theirs = xgrammar.Grammar.from_structural_tag(_vllm_tag("openai", mode, False).model_dump_json())
-    assert _is_grammar_accept_string(theirs, call + "<|end|>")   # what this closes
+    assert harmony_accepts(tag, call)
+    assert not harmony_accepts(tag, call + "<|end|>")
+    assert harmony_accepts(_vllm_tag("openai", mode, False), call + "<|end|>")   # what this closes
+
+
+def test_a_required_harmony_turn_reaches_its_call_within_the_preamble_bound(monkeypatch):
+    """A required gpt-oss turn may write an analysis and a commentary message before its call;
+    each holds at most VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS tokens, so the call comes within
+    the turn's token budget (vLLM's tag leaves both unbounded). Auto turns, which may answer
+    instead, keep theirs unbounded."""
+    from vllm_allowed_tools.decode.grammar import clear_tag_cache
+    from vllm_allowed_tools.settings import reset_for_tests
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS", "5")
+    reset_for_tests()
+    clear_tag_cache()
+    try:
+        call = '<|channel|>commentary to=functions.t1 <|constrain|>json<|message|>{"city": "Oslo"}'
+
+        def turn(analysis: str, commentary: str) -> str:
+            return (f"<|channel|>analysis<|message|>{analysis}<|end|><|start|>assistant"
+                    f"<|channel|>commentary<|message|>{commentary}<|end|><|start|>assistant{call}")
+        required = build_structural_tag("openai", allowed_functions(), "required", parallel_tool_calls=False)
+        auto = build_structural_tag("openai", allowed_functions(), "auto", parallel_tool_calls=False)
+        assert harmony_accepts(required, turn("abcde", "vwxyz"))
+        assert not harmony_accepts(required, turn("abcdef", "z"))
+        assert not harmony_accepts(required, turn("a", "uvwxyz"))
+        assert harmony_accepts(auto, turn("abcdef" * 20, "uvwxyz" * 20))
+        assert harmony_accepts(_vllm_tag("openai", "required", False), turn("abcdef" * 20, "z"))   # closed
+        monkeypatch.setenv("VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS", "0")   # no bound
+        reset_for_tests()
+        clear_tag_cache()
+        unbounded = build_structural_tag("openai", allowed_functions(), "required", parallel_tool_calls=False)
+        assert harmony_accepts(unbounded, turn("abcdef" * 20, "z"))
+    finally:
+        monkeypatch.undo()
+        reset_for_tests()
+        clear_tag_cache()
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_harmony_markers_are_admitted_only_as_their_tokens(mode):
+    """HarmonyParser reads markers by token id: spelled in ordinary tokens, ``<|start|>`` starts no
+    message. vLLM's tag matches markers as text; ours admits each only as its one token, and no
+    marker inside a message's free text."""
+    tag = build_structural_tag("openai", allowed_functions(), mode, parallel_tool_calls=False)
+    call = ('<|channel|>analysis<|message|>think<|end|><|start|>assistant'
+            '<|channel|>commentary to=functions.t1 <|constrain|>json<|message|>{"city": "Oslo"}')
+    assert harmony_accepts(tag, call)
+    assert not harmony_accepts(tag, call, pieces=True)
+    assert harmony_accepts(_vllm_tag("openai", mode, False), call, pieces=True)   # what this closes
+    inner = call.replace("think", "a <|start|> b")
+    assert not harmony_accepts(tag, inner) and not harmony_accepts(tag, inner.replace("<|start|>", "<|call|>"))
 
 
 #: one parameter, as each XML argument style writes it
@@ -249,7 +312,7 @@ def test_whitespace_cap_is_xgrammars_option_on_every_argument_grammar(name):
                 cap(item)
     cap(theirs.format)
     ours = build_structural_tag(name, allowed_functions(), "required", max_whitespace=2)
-    assert dumped(ours) == dumped(as_objects(name, theirs))
+    assert dumped(ours) == dumped(as_objects(name, theirs, "required"))
 
 
 @pytest.mark.parametrize("name", RENAMED)

@@ -66,7 +66,7 @@ from vllm_allowed_tools.formats import wire_format, wire_formats
 from vllm_allowed_tools.testing.calls import chat_selection
 from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS
 from vllm_allowed_tools.testing.grammar_read import WrittenCall, read_calls, xml_parameters
-from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens
+from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens, marker_texts
 
 WALKS = int(os.environ.get("VLLM_ALLOWED_TOOLS_WALKS", "100"))
 SPELLINGS = {
@@ -106,8 +106,6 @@ _LLAMA = ("vLLM's llama3_json streaming re-serializes the partial JSON and diffs
 _MISTRAL = ("vLLM's mistral parser (pre-v11 JSON path) streams the arguments from the ':' when a delta "
             "starts with the ':' after \"arguments\" and holds the '{' too (': {' in one delta): "
             "the streamed arguments are ':{...}'; one token a delta and unary read fine")
-_HARMONY_PIECES = ("vLLM's harmony tag matches markers as text: <|start|> spelled in ordinary tokens "
-                   "passes, and the token-based HarmonyParser then reads no message: no call")
 _HARMONY_MARKUP = ("the JSON string grammar admits harmony's special tokens: <|end|> (its token) inside "
                    "a string ends the message for HarmonyParser, the arguments are cut there")
 _SURROGATE = ("xgrammar's JSON string grammar admits a lone surrogate escape ('\\udaaa'); vLLM's "
@@ -189,9 +187,6 @@ XFAIL: dict[tuple[str, str], str] = {
                                 "in random 1-4 token deltas"),
     ("mistral", "markup-in-values"): _why(_MISTRAL + "; also " + _MARKUP_IN_STRING,
                                           "'[{\"name\":\"search_docs\",\"arguments\":{\"[TOOL_CALLS]\":\"\"}}]': no call"),
-    ("openai", "pieces"): _why(_HARMONY_PIECES, "'<|channel|>commentary<|message|><|end|><|start|>assistant "
-                               "to=functions.search_docs<|channel|>commentary <|constrain|>json<|message|>"
-                               "{\"\":\"\"}' with <|start|> in pieces"),
     ("openai", "markup-in-values"): _why(_HARMONY_MARKUP, "'<|channel|>final to=functions.search_docs <|constrain|>json"
                                          "<|message|>{\"<|end|>\":\"\"}': arguments '{\"'"),
     ("pythonic", "markup-in-values"): _why(_SURROGATE, "'[{\"name\":\"search_docs\",\"parameters\":{\"\\\\udaaa\":\"\"}}]'"),
@@ -283,8 +278,9 @@ def setup_for(family: str, tokenizer_for) -> Setup:
     request = parser_cls(tokenizer, policy_request().tools).adjust_request(policy_request())
     stop = "<|call|>" if family in HARMONY_FORMATS else None
     stop_id = tokenizer.convert_tokens_to_ids(stop) if stop else tokenizer.eos_token_id
-    setup = Setup(family, tag, GrammarWalker(tag, format_tokens(family, tag)), parser_cls, tokenizer,
-                  request, stop_id, {})
+    # the walk reads a marker token's id as its text (the tag's ids are the model's vocabulary's)
+    walker = GrammarWalker(tag, format_tokens(family, tag), token_texts=marker_texts(family))
+    setup = Setup(family, json.loads(walker.tag_json), walker, parser_cls, tokenizer, request, stop_id, {})
     _SETUPS[family] = setup
     return setup
 

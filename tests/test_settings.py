@@ -85,6 +85,7 @@ FIELD_CASES = {
     "server_ledger": ({"/tmp/starts.jsonl": Path("/tmp/starts.jsonl")}, {}),
     "train_steps": ({"25": 25}, {"many": "must be a non-negative integer"}),
     "max_server_tool_calls": ({"3": 3}, {"-1": "must be a non-negative integer"}),
+    "harmony_preamble_tokens": ({"512": 512, "0": 0}, {"-1": "must be a non-negative integer"}),
     "cache": ({"/tmp/vat": Path("/tmp/vat")}, {}),
     "xgrammar_cache_mb": ({"64": 64}, {"big": "must be a non-negative integer"}),
     "tag_cache_entries": ({"16": 16}, {"lots": "must be a non-negative integer"}),

@@ -179,6 +179,10 @@ class Settings(BaseSettings):
     max_json_whitespace: WholeNumber | None = _field("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", (
         "The most whitespace characters the grammar admits between JSON tokens of a call's "
         "arguments (0 counts as 1, xgrammar's least); unset: no limit."))
+    harmony_preamble_tokens: WholeNumber = _field("VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS", (
+        "gpt-oss: the most tokens each of the two preamble messages (analysis, then commentary) "
+        "of a `required` turn may hold before its call, so the call comes within 2 x this + the "
+        "call's own tokens; 0: no limit (`auto` turns have none)."), 2048)
     extra_parsers: Names = _field("VLLM_ALLOWED_TOOLS_EXTRA_PARSERS", (
         "Comma-separated parser names the operator vouches for (their own subclasses of our "
         "parser wrappers, loaded with `--tool-parser-plugin`): accepted at start-up like ours."),

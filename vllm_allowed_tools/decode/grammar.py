@@ -26,6 +26,7 @@ from ..formats import NAME_PLACEHOLDER, GrammarSpec, wire_format
 from .custom_inputs import marked, with_custom_inputs
 from .json_string import ebnf_text
 from .lru import LRU as _LRU
+from .marker_tokens import with_marker_tokens
 from .stage import tag_digest
 from .vllm_builder import vllm_tag_builder
 
@@ -201,7 +202,8 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
     tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), functions, wire_format(wire_format_name).name)
     if tag is None or spec.kind == "json_array":   # a JSON array's calls are typed above
         return tag
-    return with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+    tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+    return with_marker_tokens(tag, dict(spec.marker_tokens))   # after: it reads ends as text
 
 
 def with_object_arguments(tag: StructuralTag, *, one_line: bool) -> StructuralTag:

@@ -25,16 +25,45 @@ from xgrammar.structural_tag import (
     TagFormat,
 )
 
+from .marker_tokens import with_marker_tokens
+
 #: the tools vLLM's browser dispatches (``browser.<name>``)
 BROWSER_TOOLS = ("search", "open", "find")
 _CALL_END = [""]   # a call ends at <|call|>, a stop token: the grammar ends, the stop follows
 _OBJECT = {"type": "object"}
 
 
-def _preamble(channel: str) -> OptionalFormat:
+#: the preamble messages a harmony tag admits before its call: ``<|channel|>X<|message|>``
+PREAMBLE_BEGINS = ("<|channel|>analysis<|message|>", "<|channel|>commentary<|message|>")
+
+
+def _preamble(channel: str, max_tokens: int | None = None) -> OptionalFormat:
     return OptionalFormat(content=SequenceFormat(elements=[
-        TagFormat(begin=f"<|channel|>{channel}<|message|>", content=AnyTextFormat(), end="<|end|>"),
+        TagFormat(begin=f"<|channel|>{channel}<|message|>", content=AnyTextFormat(max_tokens=max_tokens),
+                  end="<|end|>"),
         ConstStringFormat(value="<|start|>assistant")]))
+
+
+def preamble_bound(mode: str) -> int | None:
+    """The most tokens each preamble message of a harmony turn in ``mode`` may hold: a
+    ``required`` turn's (``VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS``, 0 for none), so its call
+    comes within the turn's token budget; None (no bound) for ``auto``, which may answer instead."""
+    from ..settings import current
+    return (current().harmony_preamble_tokens or None) if mode == "required" else None
+
+
+def bound_preambles(node: Any, max_tokens: int | None) -> None:
+    """In place: the free text of each preamble message in ``node`` (a harmony tag's format, as
+    vLLM builds it: an analysis and a commentary message before the call) holds at most
+    ``max_tokens`` tokens (xgrammar counts them as the model writes them; then only ``<|end|>``
+    may follow). A new ``any_text`` each: vLLM's tags share one instance."""
+    if max_tokens is None:
+        return
+    if isinstance(node, TagFormat) and node.begin in PREAMBLE_BEGINS and isinstance(node.content, AnyTextFormat):
+        node.content = node.content.model_copy(update={"max_tokens": max_tokens})
+    for child in (getattr(node, name) for name in getattr(type(node), "model_fields", ())):
+        for item in child if isinstance(child, list) else [child]:
+            bound_preambles(item, max_tokens)
 
 
 def _object_schema(schema: Any) -> dict[str, Any]:
@@ -91,12 +120,20 @@ def with_server_calls(function_tag: StructuralTag | None, recipients: Sequence[t
         body = function_tag.format
         if isinstance(body, SequenceFormat) and body.elements and isinstance(body.elements[-1], OrFormat):
             body.elements[-1].elements.extend(extra)
-            return function_tag
-        return StructuralTag(format=OrFormat(elements=[body, *extra]))
+            return _as_tokens(function_tag)
+        return _as_tokens(StructuralTag(format=OrFormat(elements=[body, *extra])))
     alternatives = list(extra)
     if mode == "auto":
         alternatives += [TagFormat(begin=f"<|channel|>final{constrain}<|message|>",
                                    content=AnyTextFormat(), end=["<|end|>", ""])
                          for constrain in ("", " <|constrain|>json", " json")]
-    return StructuralTag(format=SequenceFormat(elements=[
-        _preamble("analysis"), _preamble("commentary"), OrFormat(elements=alternatives)]))
+    bound = preamble_bound(mode)
+    return _as_tokens(StructuralTag(format=SequenceFormat(elements=[
+        _preamble("analysis", bound), _preamble("commentary", bound), OrFormat(elements=alternatives)])))
+
+
+def _as_tokens(tag: StructuralTag) -> StructuralTag:
+    """``tag`` with harmony's markers admitted only as their tokens, as the functions' tag has them
+    (:mod:`.marker_tokens`; the recipients added here are written as text first)."""
+    from ..formats import wire_format
+    return with_marker_tokens(tag, dict(wire_format("openai").grammar.marker_tokens))

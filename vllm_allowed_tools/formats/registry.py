@@ -55,6 +55,10 @@ class GrammarSpec:
     #: it (vLLM's serving layer: ``parameters``; a parser that reads required output itself, such
     #: as Mistral's: its own key)
     arguments_key: str = "parameters"
+    #: (marker, token id) for markers the format's parser reads by token id (gpt-oss's harmony
+    #: tokens, ids of its fixed vocabulary): the grammar admits each only as that one token, never
+    #: spelled in pieces (:mod:`vllm_allowed_tools.decode.marker_tokens`)
+    marker_tokens: tuple[tuple[str, int], ...] = ()
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
 
@@ -141,10 +145,11 @@ def format_from_data(data: Mapping[str, Any], source: str = "data") -> WireForma
         grammar = dict(data["grammar"])
         calls = tuple(CallShape(call["begin"], call["end"]) for call in grammar.pop("calls", ()))
         rename = tuple((old, new) for old, new in grammar.pop("rename", ()))
+        markers = tuple((marker, int(token)) for marker, token in grammar.pop("marker_tokens", ()))
         return WireFormat(name=data["name"], base_parser_class=data["base_parser_class"],
                           template=data["template"], policy_block_marker=data["policy_block_marker"],
                           call_triggers=tuple(data["call_triggers"]),
-                          grammar=GrammarSpec(calls=calls, rename=rename, **grammar),
+                          grammar=GrammarSpec(calls=calls, rename=rename, marker_tokens=markers, **grammar),
                           special_tokens=tuple(data.get("special_tokens", ())))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: not a wire-format file ({exc!s}); see docs/decode-path.md for "

@@ -29,6 +29,33 @@ def tag_dict(tag: Any) -> dict[str, Any]:
     return tag.model_dump()   # an xgrammar StructuralTag
 
 
+def markers_as_text(node: Any, texts: Mapping[int, str] | None = None) -> Any:
+    """A tag dict with its ``token`` formats read as their text (a string token is its text; an id,
+    ``texts[id]``): a ``token`` node becomes a ``const_string``, a token ``begin``/``end`` its text,
+    and a ``sequence`` of markup pieces ending in a ``tag`` (what
+    :func:`vllm_allowed_tools.decode.marker_tokens.with_marker_tokens` makes of a tag whose begin
+    holds markers) that tag again, its ``begin`` the pieces' text, so its function name is found."""
+    if isinstance(node, list):
+        return [markers_as_text(item, texts) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "token":
+        token = node["token"]
+        return {"type": "const_string", "value": token if isinstance(token, str) else (texts or {})[token]}
+    out = {key: markers_as_text(value, texts) for key, value in node.items()}
+    if out.get("type") == "tag":
+        for key in ("begin", "end"):
+            if isinstance(out[key], dict):
+                out[key] = out[key]["value"]
+    if out.get("type") == "sequence" and out["elements"] and out["elements"][-1].get("type") == "tag" \
+            and all(element.get("type") == "const_string" for element in out["elements"][:-1]):
+        last = out["elements"][-1]
+        if isinstance(last["begin"], str) and len(out["elements"]) > 1:
+            prefix = "".join(element["value"] for element in out["elements"][:-1])
+            return {**last, "begin": prefix + last["begin"]}
+    return out
+
+
 @dataclass(frozen=True)
 class WrittenCall:
     """One call as the tag reads a string: ``name`` is the function whose name the call tag's
@@ -53,7 +80,7 @@ def read_calls(tag: Any, text: str, names: Sequence[str] | Mapping[str, Any]) ->
     """The calls ``text`` holds under ``tag`` (first full reading found), for functions ``names``
     (a mapping gives each one's parameters schema: an argument ``grammar`` node carries none, and an
     XML reading needs it to tell a JSON-typed value)."""
-    root = tag_dict(tag)
+    root = markers_as_text(tag_dict(tag))
     node = root.get("format", root)
     table = dict(names) if isinstance(names, Mapping) else dict.fromkeys(names)
     for end, captures in _match(node, text, 0, table, None):

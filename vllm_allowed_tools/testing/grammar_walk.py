@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,9 @@ def markup_strings(tag: Any) -> list[str]:
         if not isinstance(node, dict):
             return
         kind = node.get("type")
+        if kind == "token" and isinstance(node.get("token"), str):
+            add(node["token"])
+            return
         if kind in ("json_schema", "grammar", "regex"):
             style = grammar_style(node["grammar"]) if kind == "grammar" else node.get("style", "")
             for text in STYLE_MARKUP.get(style, ()):
@@ -87,13 +90,34 @@ def markup_strings(tag: Any) -> list[str]:
     return found
 
 
+def marker_texts(format_name: str) -> dict[int, str]:
+    """A registered format's markers read by token id (its ``marker_tokens``): id -> text."""
+    from ..formats import wire_format
+    return {token: marker for marker, token in wire_format(format_name).grammar.marker_tokens}
+
+
+def tokens_by_text(tag: Any, texts: Mapping[int, str]) -> dict[str, Any]:
+    """``tag`` (as a dict) with each ``token`` format's id replaced by its text in ``texts``, which
+    a walk vocabulary resolves (an id of the model's vocabulary names nothing there)."""
+    def visit(node: Any) -> Any:
+        if isinstance(node, list):
+            return [visit(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "token" and isinstance(node.get("token"), int) and node["token"] in texts:
+            return {**node, "token": texts[node["token"]]}
+        return {key: visit(value) for key, value in node.items()}
+    return visit(tag_dict(tag))
+
+
 def format_tokens(format_name: str, tag: Any) -> list[str]:
-    """The extra walk tokens for a registered wire format: its ``special_tokens`` and
-    ``call_triggers``, then the markup strings (and markers) of ``tag``."""
+    """The extra walk tokens for a registered wire format: its ``special_tokens``, the markers it
+    reads by token id and its ``call_triggers``, then the markup strings (and markers) of ``tag``."""
     from ..formats import wire_format
     entry = wire_format(format_name)
     tokens: list[str] = []
-    for text in (*entry.special_tokens, *entry.call_triggers, *markup_strings(tag)):
+    for text in (*entry.special_tokens, *marker_texts(format_name).values(), *entry.call_triggers,
+                 *markup_strings(tag)):
         if text and text not in tokens:
             tokens.append(text)
     return tokens
@@ -166,15 +190,19 @@ class GrammarWalker:
     """A structural tag compiled against the synthetic vocabulary of ``extra_tokens``.
 
     ``markers``: the tokens that are markers (default: the multi-character ``extra_tokens`` that
-    look like one, see :func:`is_marker`); every other multi-character token is markup."""
+    look like one, see :func:`is_marker`); every other multi-character token is markup.
+    ``token_texts``: the text of each token id the tag's ``token`` formats name (a format's
+    :func:`marker_texts`), walked as that token of the synthetic vocabulary."""
 
-    def __init__(self, tag: Any, extra_tokens: Sequence[str], *, markers: Sequence[str] | None = None) -> None:
-        self.tag_json = tag if isinstance(tag, str) else json.dumps(tag_dict(tag))
+    def __init__(self, tag: Any, extra_tokens: Sequence[str], *, markers: Sequence[str] | None = None,
+                 token_texts: Mapping[int, str] | None = None) -> None:
+        self.tag_json = json.dumps(tokens_by_text(tag, token_texts)) if token_texts else \
+            tag if isinstance(tag, str) else json.dumps(tag_dict(tag))
         self.vocab = vocabulary(extra_tokens)
         self.index = {token: i for i, token in enumerate(self.vocab)}
         self.eos_id = len(self.vocab) - 1
-        marker_texts = [t for t in extra_tokens if is_marker(t)] if markers is None else markers
-        self.markers = frozenset(self.index[t] for t in marker_texts if t in self.index and len(t) > 1)
+        marker_list = [t for t in extra_tokens if is_marker(t)] if markers is None else markers
+        self.markers = frozenset(self.index[t] for t in marker_list if t in self.index and len(t) > 1)
         self.markup = frozenset(i for i, t in enumerate(self.vocab) if len(t) > 1 and i != self.eos_id)
         self._printable = frozenset(self.index[chr(code)] for code in range(0x20, 0x7F))
         self._closers = frozenset(self.index[t] for t in _CLOSERS)
@@ -262,11 +290,14 @@ class GrammarWalker:
     def walk(self, rng: random.Random, **options: Any) -> str:
         return "".join(self.walk_tokens(rng, **options))
 
-    def accepts(self, tokens: Sequence[str]) -> bool:
-        """The grammar admits exactly ``tokens`` followed by the end of sequence."""
+    def accepts(self, tokens: Sequence[str], *, masked: bool = False) -> bool:
+        """The grammar admits exactly ``tokens`` followed by the end of sequence (``masked``: each
+        token also in the matcher's mask before it, as a model decoding under the grammar sees it;
+        xgrammar enforces a token budget, ``max_tokens``, only there)."""
         matcher = xgrammar.GrammarMatcher(self.compiled)
         for token in tokens:
-            if token not in self.index or not matcher.accept_token(self.index[token]):
+            if token not in self.index or (masked and self.index[token] not in self._allowed(matcher)) \
+                    or not matcher.accept_token(self.index[token]):
                 return False
         return matcher.accept_token(self.eos_id) and matcher.is_terminated()
 

@@ -17,6 +17,7 @@ from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 from xgrammar.structural_tag import JSONSchemaFormat, TagFormat
 
 from ..decode.grammar import STRICT_PARAMETER, AllowedFunction
+from ..decode.server_tools import bound_preambles, preamble_bound
 
 
 def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: str, parallel: bool,
@@ -35,6 +36,8 @@ def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: 
     if tag is None:
         return None
     as_served(model, tag)
+    if model == "harmony":   # a required turn's preamble leaves room for its call
+        bound_preambles(tag.format, preamble_bound(mode))
     if not parallel:
         limit_to_single_tool_call(tag)
     if max_whitespace is not None:
