@@ -34,18 +34,15 @@ GATED = "send_email"
 
 
 def nudges() -> dict:
-    """Harmony's markers (<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|call|>):
-    the grammar (vLLM's harmony tag, text strings) also admits them spelled in ordinary tokens,
-    which vLLM's token-based HarmonyParser does not read as markers; a trained gpt-oss writes the
-    one token, so the random model is nudged to (and, since ``<`` only ever starts a marker in
-    harmony's structure, to write no other token holding one)."""
+    """Harmony's markers (<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|call|>)
+    written as their one token, as a trained gpt-oss writes them (the grammar admits them only as
+    their tokens anyway, and no string or free text may spell one). Nothing else is nudged."""
     if not _NUDGES:
         from vllm_allowed_tools.testing.format_model import writing_nudges
         from vllm_allowed_tools.testing.gpt_oss_model import ensure_gpt_oss_model
-        # "<" starts a marker spelled in pieces; a call ends with <|call|>
         markers = {"<|start|>": 30.0, "<|end|>": 30.0, "<|message|>": 30.0, "<|channel|>": 30.0,
                    "<|constrain|>": 30.0, "<|call|>": 40.0}
-        _NUDGES.update(writing_nudges(ensure_gpt_oss_model(0, log=lambda *_: None), markers, avoid="<"))
+        _NUDGES.update(writing_nudges(ensure_gpt_oss_model(0, log=lambda *_: None), markers))
     return {"logit_bias": dict(_NUDGES)}
 
 

@@ -76,17 +76,13 @@ def add_tokens(model_dir: Path, tokens: tuple[str, ...]) -> None:
     tokenizer.save(str(model_dir / "tokenizer.json"))
 
 
-def writing_nudges(model_dir: Path, markers: dict[str, float], avoid: str = "") -> dict[str, float]:
+def writing_nudges(model_dir: Path, markers: dict[str, float]) -> dict[str, float]:
     """``logit_bias`` that makes a random model write markers like a trained one: each of
     ``markers`` (token text: bias) as its one token (vLLM's parsers find markers by token id; a
-    text grammar also admits them spelled in pieces), and, where ``avoid`` names characters that
-    only ever start a marker (harmony's ``<``), no other token holding one. Nothing else: what the
-    grammar admits beyond that (line breaks, whitespace, long arguments) the parser must read. For
+    text grammar also admits them spelled in pieces). Nothing else: what the grammar admits beyond
+    that (line breaks, whitespace, long arguments, markup inside strings) the parser must read. For
     the tests' sampled requests only."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
-    bias = {str(token): -30.0 for text, token in tokenizer.get_vocab(with_added_tokens=False).items()
-            if avoid and any(mark in text for mark in avoid)}
-    bias.update({str(tokenizer.token_to_id(marker)): value for marker, value in markers.items()})
-    return bias
+    return {str(tokenizer.token_to_id(marker)): value for marker, value in markers.items()}
