@@ -76,6 +76,12 @@ class WireFormat:
     #: markers the base parser looks up in the vocabulary, so the model's tokenizer must hold each
     #: as one token (the tiny test models get them added)
     special_tokens: tuple[str, ...] = ()
+    #: texts that end a call in the output: where a stream under a policy re-reads the text so far
+    #: to release the calls it completes (none: the calls go out at the end of the stream)
+    call_ends: tuple[str, ...] = ()
+    #: under a policy, streamed calls are the unary parse's (:mod:`..vllm_glue.stream_calls`); off
+    #: for a format whose streaming vLLM reads on a path of its own (gpt-oss's harmony)
+    stream_from_unary: bool = True
 
     @property
     def parser_name(self) -> str:
@@ -150,7 +156,9 @@ def format_from_data(data: Mapping[str, Any], source: str = "data") -> WireForma
                           template=data["template"], policy_block_marker=data["policy_block_marker"],
                           call_triggers=tuple(data["call_triggers"]),
                           grammar=GrammarSpec(calls=calls, rename=rename, marker_tokens=markers, **grammar),
-                          special_tokens=tuple(data.get("special_tokens", ())))
+                          special_tokens=tuple(data.get("special_tokens", ())),
+                          call_ends=tuple(data.get("call_ends", ())),
+                          stream_from_unary=bool(data.get("stream_from_unary", True)))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{source}: not a wire-format file ({exc!s}); see docs/decode-path.md for "
                          "the keys each file needs") from None

@@ -25,6 +25,7 @@ from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
 from .capabilities import active_constraint_stage
+from .stream_calls import UnaryStream, with_calls
 from .turn_grammar import (
     request_subset_tag,
     function_tools,
@@ -232,7 +233,8 @@ class AllowedToolsMixin:
                      allowlist: WireAllowlist) -> DeltaMessage | None:
         """Streaming twin of :meth:`_text_before_calls`: the content the base parser releases is
         forwarded only while it comes before the first call start in the text so far (a trailing
-        piece of a trigger waits for more text)."""
+        piece of a trigger waits for more text). ``current_text`` is the whole text so far, which
+        vLLM does not give an engine-based parser (it gets each delta alone): the wrapper's own."""
         if delta is None or not delta.content:
             return delta
         state = self.__dict__.setdefault("_allowed_tools_text", {"seen": "", "sent": 0})
@@ -279,20 +281,65 @@ class AllowedToolsMixin:
         allowlist = request_allowlist(request)
         if allowlist is None:
             return delta
-        self.__dict__["_allowed_tools_last"] = (allowlist, current_text)
-        return self._filter_stream(delta, current_text, allowlist)
+        stream = self._unary_stream()
+        if stream is None:
+            self.__dict__["_allowed_tools_last"] = (allowlist, current_text, request)
+            return self._filter_stream(delta, current_text, allowlist)
+        # vLLM calls finish_streaming at the end of a stream only for a parser that says it is
+        # engine-based (DelegatingParser._flush_engine_parsers reads the instance's flag, after
+        # its own streaming state was set up from the class's): this one needs the call, to send
+        # what the unary parse of the whole text reads
+        self.engine_based_streaming = True
+        prefix = stream.feed(delta_text)
+        self.__dict__["_allowed_tools_last"] = (allowlist, stream.text, request)
+        calls = stream.new_calls(self._unary_twin()._parse_without_markup(
+            prefix, request, allowlist).tool_calls) if prefix is not None else []
+        return self._filter_stream(with_calls(delta, calls), stream.text, allowlist)
+
+    def _unary_stream(self) -> UnaryStream | None:
+        """This stream's :class:`UnaryStream` (None for a format that streams its own way)."""
+        stream = self.__dict__.get("_allowed_tools_unary")
+        if stream is None:
+            entry = wire_format(self.allowed_tools_base_parser)
+            if not entry.stream_from_unary:
+                return None
+            stream = self.__dict__["_allowed_tools_unary"] = UnaryStream(entry.call_ends)
+        return stream
+
+    def _unary_twin(self):
+        """A second parser for the unary reads of a stream: an engine-based parser's unary parse
+        resets the engine its streaming runs on."""
+        twin = self.__dict__.get("_allowed_tools_twin")
+        if twin is None:
+            twin = type(self)(self.model_tokenizer, self.tools)
+            if hasattr(self, "skip_reasoning_parsing"):
+                twin.skip_reasoning_parsing = self.skip_reasoning_parsing
+            self.__dict__["_allowed_tools_twin"] = twin
+        return twin
+
+    def get_remaining_unstreamed_args(self) -> str:
+        """Nothing under a policy: the calls streamed are whole (vLLM would append the base
+        parser's view of the last call's arguments to the last delta)."""
+        if self.__dict__.get("_allowed_tools_unary") is not None:
+            return ""
+        return super().get_remaining_unstreamed_args()
 
     def finish_streaming(self) -> DeltaMessage | None:
         """The end of a stream: engine-based base parsers (vLLM's qwen3) flush what they still
-        hold here, past :meth:`extract_tool_calls_streaming` (vLLM calls this only for them), so
-        the same filtering applies. A name cut off by the token limit comes out here as a piece of
-        an allowed name: it is dropped without counting a violation."""
+        hold here, past :meth:`extract_tool_calls_streaming`, so the same filtering applies; under
+        a policy, every call the unary parse of the whole text reads and the stream has not sent
+        goes out here. A name cut off by the token limit comes out here as a piece of an allowed
+        name: it is dropped without counting a violation."""
         flush = getattr(super(), "finish_streaming", None)
         delta = flush() if flush is not None else None
         last = self.__dict__.get("_allowed_tools_last")
         if last is None:
             return delta
-        allowlist, current_text = last
+        allowlist, current_text, request = last
+        stream = self.__dict__.get("_allowed_tools_unary")
+        if stream is not None:
+            info = self._unary_twin()._parse_without_markup(stream.text, request, allowlist)
+            delta = with_calls(delta, stream.new_calls(info.tool_calls))
         return self._filter_stream(delta, current_text, allowlist, final=True)
 
     def _filter_stream(self, delta: DeltaMessage | None, current_text: str, allowlist: WireAllowlist,
