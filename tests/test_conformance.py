@@ -301,5 +301,10 @@ def test_reasoning_items_hosted_tools_and_the_text_echo_conform() -> None:
     response = c.conformed_response({**load("responses_unary_single")["body"],
                                      "text": {"format": {"type": "text"}, "verbosity": None}})
     assert "verbosity" not in response["text"]
+    # Codex sends only a verbosity: vLLM echoes a null format, the default one goes out
+    codex = c.conformed_response({**load("responses_unary_single")["body"],
+                                  "text": {"format": None, "verbosity": "low"}})
+    assert codex["text"] == {"format": {"type": "text"}, "verbosity": "low"}
+    assert c.check_response(codex) == []
     hosted = {**response, "tools": [*response["tools"], {"type": "web_search"}]}
     assert c.check_response(hosted) == []

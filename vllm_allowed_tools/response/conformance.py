@@ -271,8 +271,13 @@ def conformed_response(response: Any, *, now: Callable[[], float] = time.time) -
     text = response.get("text", _DEFAULT_TEXT)
     if text is None:
         fixed["text"] = copy.deepcopy(_DEFAULT_TEXT)
-    elif isinstance(text, dict) and "verbosity" in text and text["verbosity"] is None:
-        fixed["text"] = {k: v for k, v in text.items() if k != "verbosity"}   # optional, never null
+    elif isinstance(text, dict) and (text.get("format", _DEFAULT_TEXT) is None
+                                     or ("verbosity" in text and text["verbosity"] is None)):
+        # a request's text without a format (Codex sends only ``verbosity``) is echoed by vLLM
+        # with a null format: the default one; ``verbosity`` is optional, never null
+        fixed["text"] = {**{k: v for k, v in text.items() if not (k == "verbosity" and v is None)},
+                         **({"format": copy.deepcopy(_DEFAULT_TEXT["format"])}
+                            if text.get("format", _DEFAULT_TEXT) is None else {})}
     if response.get("top_logprobs", 0) is None:
         fixed["top_logprobs"] = 0
     tools = response.get("tools")
