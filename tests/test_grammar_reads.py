@@ -78,13 +78,10 @@ FORMATS = [entry.name for entry in wire_formats()]
 
 # The causes (grammar admits X, the parser reads Y), then the failing (format, spelling) pairs with
 # the minimal string the default run shrinks its first failure to.
-_HUGE_NUMBER = ("the JSON number grammar admits any exponent; a JSON-typed XML value is read with "
-                "json.loads and written back with json.dumps, so 5e600 (a float overflow) comes back "
-                "as 'Infinity', which is no JSON: the output guard refuses the call "
-                "(arguments_not_object), the client gets an error instead of a call")
-_MARKUP_IN_STRING = ("the argument grammar's strings do not exclude the format's markers, so a string "
-                     "argument may hold one; vLLM's parser takes it for the marker (no call, or the "
-                     "arguments cut there)")
+_MARKUP_IN_STRING = ("a JSON-array format's grammar is xgrammar's JSON schema grammar as it is (the call "
+                     "tags' JSON slots are decode/safe_json.py's, whose strings cannot spell a marker), "
+                     "so a string argument may hold a marker; vLLM's parser takes it for the marker (no "
+                     "call)")
 _PIECES = ("the grammar matches markers as text, so a marker spelled in ordinary tokens passes; vLLM's "
            "streaming parser finds markers by token id and streams no call")
 _ENGINE_TEXT = ("and the wrapper sends the call's markup as content: its _stream_text looks for the "
@@ -93,24 +90,20 @@ _ENGINE_TEXT = ("and the wrapper sends the call's markup as content: its _stream
 _DEEPSEEK_DELTAS = ("vLLM's deepseek streaming parser loses the arguments' tail (or the whole call) when "
                     "one delta carries several tokens around the markers (the last '}' with "
                     "<｜tool▁call▁end｜>): '{...}' streams as '{...'; one token a delta reads fine")
-_GLM_REPEAT = ("vLLM's glm_4_7 tag for a non-strict tool is a star over its declared keys, so a key may "
-               "repeat; unary keeps the last value, but the streamed arguments stop at the repeat "
-               "(vLLM's engine streams the JSON as a growing prefix and cannot revise a key it sent)")
 _GRANITE = ("vLLM's serving layer streams a required turn of a supports_required_and_named parser "
             "with extract_required_tool_call_streaming over previous_text/current_text, but granite's "
             "parser is engine-based, so StreamState hands it each delta alone: no call ever streams "
             "(unary reads the array)")
 _LLAMA = ("vLLM's llama3_json streaming re-serializes the partial JSON and diffs it: empty arguments "
           "'{}' stream as '', and a number whose form changes as digits arrive corrupts the arguments "
-          "('30E20' streams as '30+21', '3e500' as '3nfinity', '900E14' as 90016); unary reads them")
+          "('30E20' streams as '30+21', '900E14' as 90016); unary reads them")
 _MISTRAL = ("vLLM's mistral parser (pre-v11 JSON path) streams the arguments from the ':' when a delta "
             "starts with the ':' after \"arguments\" and holds the '{' too (': {' in one delta): "
             "the streamed arguments are ':{...}'; one token a delta and unary read fine")
 _HARMONY_PIECES = ("vLLM's harmony tag matches markers as text: <|start|> spelled in ordinary tokens "
                    "passes, and the token-based HarmonyParser then reads no message: no call")
-_HARMONY_MARKUP = ("the JSON string grammar admits harmony's special tokens: <|end|> (its token) inside "
-                   "a string ends the message for HarmonyParser, the arguments are cut there")
-_SURROGATE = ("xgrammar's JSON string grammar admits a lone surrogate escape ('\\udaaa'); vLLM's "
+_SURROGATE = ("a JSON-array format's grammar is xgrammar's JSON schema grammar as it is, which admits a "
+              "lone surrogate escape ('\\udaaa'; decode/safe_json.py pairs them in the tags' JSON slots); vLLM's "
               "serving layer reads the JSON array with pydantic (TypeAdapter.validate_json), which "
               "refuses it: no call")
 
@@ -126,45 +119,26 @@ XFAIL: dict[tuple[str, str], str] = {
                                                        "\"where\": {\"lat\": 100000}}\\n```<｜tool▁call▁end｜>...' in random 1-4 token deltas"),
     ("deepseek_v3", "pieces"): _why(_PIECES + "; " + _DEEPSEEK_DELTAS,
                                     "'...search_docs\\n```json\\n{\"\": \"\"}\\n```...' with a marker in pieces"),
-    ("deepseek_v3", "markup-in-values"): _why(_MARKUP_IN_STRING, "{\"city\": \"<｜tool▁call▁begin｜>\", ...} "
-                                              "streams as '{\"city\": \"'"),
+    ("deepseek_v3", "markup-in-values"): _why(_DEEPSEEK_DELTAS, "'...get_weather\\n```json\\n{\"city\": \"a\", \"days\": 20, "
+                                              "\"unit\": \"c\", \"where\": {\"lat\": 0}}\\n```<｜tool▁call▁end｜>...' streams "
+                                              "without the last '}'"),
     ("deepseek_v31", "markers"): _why(_DEEPSEEK_DELTAS, "'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
                                                         "{\"city\": \"aa\", \"unit\": \"c\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>' "
                                                         "in random 1-4 token deltas"),
     ("deepseek_v31", "pieces"): _why(_PIECES + "; " + _DEEPSEEK_DELTAS, "'...get_weather<｜tool▁sep｜>{\"alert\": false, "
                                      "\"city\": \"a\", \"unit\": \"c\"}<｜tool▁call▁end｜>...'"),
-    ("deepseek_v31", "markup-in-values"): _why(_MARKUP_IN_STRING + "; " + _DEEPSEEK_DELTAS,
+    ("deepseek_v31", "markup-in-values"): _why(_DEEPSEEK_DELTAS,
                                                "'...search_docs<｜tool▁sep｜>{}<｜tool▁call▁end｜>...' streams '{'"),
-    ("glm45", "markers"): _why(_GLM_REPEAT,
-                               "'<tool_call>search_docs<arg_key>limit</arg_key><arg_value>0</arg_value><arg_key>query"
-                               "</arg_key><arg_value></arg_value><arg_key>limit</arg_key><arg_value>6</arg_value>"
-                               "</tool_call>' streams '{\"limit\": 0, \"query\": \"'"),
     ("glm45", "pieces"): _why(_PIECES + ", " + _ENGINE_TEXT, "'<tool_call>get_weather...</tool_call>' with "
                               "<tool_call> in pieces"),
-    ("glm45", "markup-in-values"): _why(_GLM_REPEAT + "; also " + _MARKUP_IN_STRING,
-                                        "'<tool_call>search_docs<arg_key>query</arg_key><arg_value>a</arg_value>"
-                                        "<arg_key>query</arg_key><arg_value></arg_value></tool_call>'"),
-    ("glm47", "markers"): _why(_GLM_REPEAT,
-                               "'<tool_call>search_docs<arg_key>limit</arg_key><arg_value>0</arg_value><arg_key>query"
-                               "</arg_key><arg_value></arg_value><arg_key>limit</arg_key><arg_value>8</arg_value>"
-                               "</tool_call>'; '<arg_key>unit</arg_key><arg_value>c\\n</arg_value>' reads 'c\\n'"),
     ("glm47", "pieces"): _why(_PIECES + ", " + _ENGINE_TEXT, "'<tool_call>search_docs</tool_call>' with "
                               "<tool_call> in pieces: content '<tool_call>search_docs</tool_call>'"),
-    ("glm47", "markup-in-values"): _why(_GLM_REPEAT + "; also " + _MARKUP_IN_STRING,
-                                        "'<tool_call>search_docs<arg_key>query</arg_key><arg_value>a</arg_value>"
-                                        "<arg_key>query</arg_key><arg_value></arg_value></tool_call>'"),
     ("granite", "markers"): _why(_GRANITE, "'[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"\",\"unit\":\"f\"}}]'"),
     ("granite", "pieces"): _why(_GRANITE, "'[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"\",\"unit\":\"c\"}}]'"),
     ("granite", "markup-in-values"): _why(_GRANITE, "'[{\"name\":\"search_docs\",\"parameters\":{}}]'"),
-    ("granite4", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<tool_call>{\"name\": \"get_weather\", \"arguments\": "
-                                           "{\"city\":\"<tool_call>\",\"unit\":\"f\"}}</tool_call>': no call"),
-    ("hermes", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<tool_call>\\n{\"name\": \"get_weather\", \"arguments\": "
-                                         "{\"city\":\"</tool_call>\",\"unit\":\"f\"}}\\n</tool_call>': no call"),
     ("kimi_k2", "pieces"): _why(_PIECES + ", " + _ENGINE_TEXT, "'<|tool_calls_section_begin|><|tool_call_begin|>"
                                 "functions.search_docs:0<|tool_call_argument_begin|>{}<|tool_call_end|>"
                                 "<|tool_calls_section_end|>' with <|tool_calls_section_begin|> in pieces"),
-    ("kimi_k2", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<|tool_call_argument_begin|>{\"city\":\"<|tool_call_end|>\",...}"
-                                          "<|tool_call_end|>...': arguments '{\"city\":\"'"),
     ("llama3_json", "markers"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {\"name\": 30E20}}' "
                                      "streams '{\"name\": 30+21}'"),
     ("llama3_json", "pieces"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {}}' streams ''"),
@@ -173,16 +147,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ("llama4_json", "markers"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {}}' streams ''"),
     ("llama4_json", "pieces"): _why(_LLAMA, "'{..., \"parameters\": {..., \"\":60, ...}}' streams '6\"name\"...'"),
     ("llama4_json", "markup-in-values"): _why(_LLAMA, "'{\"name\": \"search_docs\", \"parameters\": {\"name\": "
-                                              "\"search_docs\", \"parameters\": 8E900}}' streams '8nfinity'"),
-    ("longcat", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<longcat_tool_call>{\"name\": \"search_docs\", \"arguments\": "
-                                          "{\"}</longcat_tool_call>\":0}}</longcat_tool_call>': no call"),
-    ("minimax_m2", "pieces"): _why(_HUGE_NUMBER, "'...<parameter name=\"where\">{\"lat\":5e600}</parameter>...'"),
-    ("minimax_m2", "markup-in-values"): _why(_MARKUP_IN_STRING + " (a JSON string inside a JSON-typed XML value)",
-                                             "'...<parameter name=\"where\">{\"lat\":0,\"label\":\"<parameter name=\"}"
-                                             "</parameter>...'"),
-    ("qwen3_coder", "markup-in-values"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":3E900}</parameter>...'"),
-    ("qwen3_xml", "markup-in-values"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":8e900}</parameter>...'"),
-    ("seed_oss", "markers"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":5E400}</parameter>...'"),
+                                              "\"search_docs\", \"parameters\": 30E60}}' streams '30+61'"),
     ("mistral", "markers"): _why(_MISTRAL, "'[{ \"name\" : \"get_weather\" , \"arguments\":{\"city\":\"\",\"unit\":\"c\"}}]' "
                                  "in random 1-12 token deltas"),
     ("mistral", "pieces"): _why(_MISTRAL, "'[{\"name\":\"get_weather\",\"arguments\":{\"city\":\"\",\"unit\":\"c\"}}]' "
@@ -192,8 +157,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ("openai", "pieces"): _why(_HARMONY_PIECES, "'<|channel|>commentary<|message|><|end|><|start|>assistant "
                                "to=functions.search_docs<|channel|>commentary <|constrain|>json<|message|>"
                                "{\"\":\"\"}' with <|start|> in pieces"),
-    ("openai", "markup-in-values"): _why(_HARMONY_MARKUP, "'<|channel|>final to=functions.search_docs <|constrain|>json"
-                                         "<|message|>{\"<|end|>\":\"\"}': arguments '{\"'"),
     ("pythonic", "markup-in-values"): _why(_SURROGATE, "'[{\"name\":\"search_docs\",\"parameters\":{\"\\\\udaaa\":\"\"}}]'"),
 }
 
