@@ -12,10 +12,11 @@ arguments come back cut or not at all. :func:`safe_json_ebnf` rewrites that EBNF
   never holds one of ``markers``, the closing quote included (``<parameter name=`` then ``"``).
   The string's content is a DFA over the raw characters (Aho-Corasick states over the markers, one
   EBNF rule per state) that drops every step completing a marker. A marker's JSON-escaped spelling
-  stays admitted (``\\u003c`` for ``<``): every string value keeps a spelling (one escaped
-  character per marker occurrence). No marker holds a backslash, so an escape starts the automaton
-  over; a marker that could begin inside an escape's own characters (``u``, hex digits, ``bfnrt``,
-  ``/``, ``"``) is followed through it exactly;
+  stays admitted (``\\u003c`` for ``<``): every string value keeps a spelling (its markers' first
+  characters escaped), so long as no marker starts with a character an escape spells after its
+  backslash (``u``, hex digits, ``bfnrt``, ``/``, ``"``; no format's does). No marker holds a
+  backslash, so an escape starts the automaton over; a marker that could begin inside an escape's
+  own characters is followed through it exactly;
 * a ``\\uXXXX`` escape of a UTF-16 surrogate is admitted only as a pair (a high one followed by a low
   one): a lone surrogate is no Unicode text, and readers such as pydantic refuse the whole JSON;
 * ``basic_number`` admits only finite float64 values (:data:`NUMBER_BOUND`): ``5e600`` is valid
@@ -38,13 +39,14 @@ from functools import lru_cache
 from .json_string import MAX_CODEPOINT, Ranges, _class_text, _merged
 
 #: the bound on admitted JSON numbers: an integer part of at most 20 digits (any 64-bit integer), a
-#: fraction of at most 20 digits, a decimal exponent of magnitude at most 287, so every number is
-#: below 1e20 * 1e287 = 1e307 < 1.79e308 (float64's largest): finite. ``basic_integer``: at most
-#: 20 digits.
-NUMBER_BOUND = {"integer_digits": 20, "fraction_digits": 20, "max_exponent": 287}
+#: fraction of at most 20 digits, a positive decimal exponent of at most 287, so every number is
+#: below 1e20 * 1e287 = 1e307 < 1.79e308 (float64's largest): finite. A negative exponent may take
+#: three digits (a tiny number reads as a subnormal or 0.0, never an overflow), so every finite
+#: float64 below 1e307 in magnitude keeps a spelling. ``basic_integer``: at most 20 digits.
+NUMBER_BOUND = {"integer_digits": 20, "fraction_digits": 20, "max_exponent": 287, "min_exponent": -999}
 _BOUNDED_NUMBER = (
     '("-")? ("0" | [1-9] [0-9]{0,19}) ("." [0-9]{1,20})? '
-    '([eE] [+\\-]? ([0-9] | [0-9] [0-9] | [01] [0-9] [0-9] | "2" [0-7] [0-9] | "28" [0-7]))?')
+    '([eE] (("-" [0-9]{1,3}) | ("+"? ([0-9] | [0-9] [0-9] | [01] [0-9] [0-9] | "2" [0-7] [0-9] | "28" [0-7]))))?')
 _BOUNDED_INTEGER = '("0") | (("-")? [1-9] [0-9]{0,19})'
 
 _HEX = [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)]
