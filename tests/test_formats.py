@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, with_object_arguments
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, format_markers, with_object_arguments
 from vllm_allowed_tools.decode.marker_tokens import with_marker_tokens
 from vllm_allowed_tools.formats import (
     GrammarSpec,
@@ -157,8 +157,9 @@ def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel):
 
 def as_objects(name: str, tag, mode: str):
     """vLLM's tag with its argument slots as ours are (objects only; on one line where the format's
-    parser reads no line break): the one transform our builder applies to every format; and for
-    harmony, calls ending at the call token, a required turn's preamble bounded, markers as tokens."""
+    parser reads no line break; strings kept from the format's markers): the one transform our
+    builder applies to every format; and for harmony, calls ending at the call token, a required
+    turn's preamble bounded, markers as tokens."""
     spec = wire_format(name).grammar
     if spec.kind == "vllm":
         from vllm_allowed_tools.decode.server_tools import bound_preambles, preamble_bound
@@ -166,7 +167,7 @@ def as_objects(name: str, tag, mode: str):
         tag = as_served(spec.vllm_model, tag)
         if spec.vllm_model == "harmony":
             bound_preambles(tag.format, preamble_bound(mode))
-    tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+    tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line, markers=format_markers(name))
     return with_marker_tokens(tag, dict(spec.marker_tokens))
 
 
@@ -288,10 +289,11 @@ def test_every_argument_slot_admits_only_an_object(name):
             for other in ('"unit{"', "[1]", "3", '{"a": 1}'):
                 assert not _is_grammar_accept_string(grammar, other), (name, other)
             continue
-        if isinstance(slot, str):   # one-line EBNF
+        if isinstance(slot, str):   # JSON EBNF (decode/safe_json.py), on one line where the format says
             grammar = xgrammar.Grammar.from_ebnf(slot)
-            assert not _is_grammar_accept_string(grammar, '{"a":\n1}')
-            assert not _is_grammar_accept_string(grammar, '{\n"a": 1}')
+            if wire_format(name).grammar.arguments_on_one_line:
+                assert not _is_grammar_accept_string(grammar, '{"a":\n1}')
+                assert not _is_grammar_accept_string(grammar, '{\n"a": 1}')
         else:
             grammar = xgrammar.Grammar.from_json_schema(json.dumps(slot))
         assert _is_grammar_accept_string(grammar, '{"a": 1}')

@@ -78,23 +78,21 @@ FORMATS = [entry.name for entry in wire_formats()]
 
 # The causes (grammar admits X, the parser reads Y), then the failing (format, spelling) pairs with
 # the minimal string the default run shrinks its first failure to. (vLLM's streaming parsers' own
-# misreads, of DeepSeek's multi-token deltas, Llama's partial JSON, Mistral's ': {', GLM's repeated
-# keys, a marker spelled in pieces, are gone: under a policy the wrapper streams the unary parse's
-# calls, vllm_glue/stream_calls.py.)
-_HUGE_NUMBER = ("the JSON number grammar admits any exponent; a JSON-typed XML value is read with "
-                "json.loads and written back with json.dumps, so 5e600 (a float overflow) comes back "
-                "as 'Infinity', which is no JSON: the output guard refuses the call "
-                "(arguments_not_object), the client gets an error instead of a call")
-_MARKUP_IN_STRING = ("the argument grammar's strings do not exclude the format's markers, so a string "
-                     "argument may hold one; vLLM's parser takes it for the marker (no call, or the "
-                     "arguments cut there)")
+# misreads, of DeepSeek's multi-token deltas, Llama's partial JSON, Mistral's ': {', a marker spelled
+# in pieces, are gone: under a policy the wrapper streams the unary parse's calls,
+# vllm_glue/stream_calls.py; markers inside JSON strings, float overflows and GLM's repeated keys are
+# not admitted, decode/safe_json.py; harmony's markers are admitted only as their tokens,
+# decode/marker_tokens.py.)
+_MARKUP_IN_STRING = ("a JSON-array format's grammar is xgrammar's JSON schema grammar as it is (the call "
+                     "tags' JSON slots are decode/safe_json.py's, whose strings cannot spell a marker), "
+                     "so a string argument may hold a marker; vLLM's parser takes it for the marker (no "
+                     "call)")
 _GRANITE = ("vLLM's serving layer streams a required turn of a supports_required_and_named parser "
             "with extract_required_tool_call_streaming over previous_text/current_text, but granite's "
             "parser is engine-based, so StreamState hands it each delta alone: no call ever streams "
             "(unary reads the array); the wrapper's streaming is never called on that path")
-_HARMONY_MARKUP = ("the JSON string grammar admits harmony's special tokens: <|end|> (its token) inside "
-                   "a string ends the message for HarmonyParser, the arguments are cut there")
-_SURROGATE = ("xgrammar's JSON string grammar admits a lone surrogate escape ('\\udaaa'); vLLM's "
+_SURROGATE = ("a JSON-array format's grammar is xgrammar's JSON schema grammar as it is, which admits a "
+              "lone surrogate escape ('\\udaaa'; decode/safe_json.py pairs them in the tags' JSON slots); vLLM's "
               "serving layer reads the JSON array with pydantic (TypeAdapter.validate_json), which "
               "refuses it: no call")
 
@@ -106,34 +104,11 @@ def _why(cause: str, minimal: str) -> str:
 #: (format, spelling) -> why the format's required grammar admits a string its parser misreads;
 #: strict: a pair that starts passing must be taken off
 XFAIL: dict[tuple[str, str], str] = {
-    ("deepseek_v31", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...get_weather<｜tool▁sep｜>{\"city\": "
-                                               "\"<｜tool▁call▁end｜>\", \"unit\": \"c\"}<｜tool▁call▁end｜>...': "
-                                               "arguments '{\"city\": \"'"),
-    ("glm45", "markup-in-values"): _why(_HUGE_NUMBER + "; also " + _MARKUP_IN_STRING,
-                                        "'...<arg_key>where</arg_key><arg_value>{\"lat\":7E600,\"label\":\"\"}"
-                                        "</arg_value></tool_call>'"),
     ("granite", "markers"): _why(_GRANITE, "'[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"\",\"unit\":\"f\"}}]'"),
     ("granite", "pieces"): _why(_GRANITE, "'[{\"name\":\"get_weather\",\"parameters\":{\"city\":\"\",\"unit\":\"c\"}}]'"),
     ("granite", "markup-in-values"): _why(_GRANITE, "'[{\"name\":\"search_docs\",\"parameters\":{}}]'"),
-    ("granite4", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<tool_call>{\"name\": \"get_weather\", \"arguments\": "
-                                           "{\"city\":\"<tool_call>\",\"unit\":\"f\"}}</tool_call>': no call"),
-    ("hermes", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<tool_call>\\n{\"name\": \"get_weather\", \"arguments\": "
-                                         "{\"city\":\"</tool_call>\",\"unit\":\"f\"}}\\n</tool_call>': no call"),
-    ("kimi_k2", "markup-in-values"): _why(_MARKUP_IN_STRING, "'...<|tool_call_argument_begin|>{\"city\":\"<|tool_call_end|>\",...}"
-                                          "<|tool_call_end|>...': arguments '{\"city\":\"'"),
-    ("longcat", "markup-in-values"): _why(_MARKUP_IN_STRING, "'<longcat_tool_call>{\"name\": \"search_docs\", \"arguments\": "
-                                          "{\"}</longcat_tool_call>\":0}}</longcat_tool_call>': no call"),
-    ("minimax_m2", "pieces"): _why(_HUGE_NUMBER, "'...<parameter name=\"where\">{\"lat\":5e600}</parameter>...'"),
-    ("minimax_m2", "markup-in-values"): _why(_MARKUP_IN_STRING + " (a JSON string inside a JSON-typed XML value)",
-                                             "'...<parameter name=\"where\">{\"lat\":0,\"label\":\"<parameter name=\"}"
-                                             "</parameter>...'"),
-    ("qwen3_coder", "markup-in-values"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":3E900}</parameter>...'"),
-    ("qwen3_xml", "markup-in-values"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":8e900}</parameter>...'"),
-    ("seed_oss", "markers"): _why(_HUGE_NUMBER, "'...<parameter=where>{\"lat\":5E400}</parameter>...'"),
     ("mistral", "markup-in-values"): _why(_MARKUP_IN_STRING,
                                           "'[{\"name\":\"search_docs\",\"arguments\":{\"[TOOL_CALLS]\":\"\"}}]': no call"),
-    ("openai", "markup-in-values"): _why(_HARMONY_MARKUP, "'<|channel|>final to=functions.search_docs <|constrain|>json"
-                                         "<|message|>{\"<|end|>\":\"\"}': arguments '{\"'"),
     ("pythonic", "markup-in-values"): _why(_SURROGATE, "'[{\"name\":\"search_docs\",\"parameters\":{\"\\\\udaaa\":\"\"}}]'"),
 }
 

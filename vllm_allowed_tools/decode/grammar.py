@@ -8,6 +8,7 @@ and agent clients repeat the same turn. What each mode admits: docs/decode-path.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .custom_inputs import marked, with_custom_inputs
 from .json_string import ebnf_text
 from .lru import LRU as _LRU
 from .marker_tokens import with_marker_tokens
+from .safe_json import safe_json_ebnf
 from .stage import tag_digest
 from .vllm_builder import vllm_tag_builder
 
@@ -202,15 +204,64 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
     tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), functions, wire_format(wire_format_name).name)
     if tag is None or spec.kind == "json_array":   # a JSON array's calls are typed above
         return tag
-    tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line)
+    tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line,
+                                markers=format_markers(wire_format_name))
     return with_marker_tokens(tag, dict(spec.marker_tokens))   # after: it reads ends as text
 
 
-def with_object_arguments(tag: StructuralTag, *, one_line: bool) -> StructuralTag:
+#: markers a format's parser finds that neither its registry entry nor its tag spells in full
+#: (harmony: HarmonyParser reads every special token of the conversation, stop tokens included)
+_EXTRA_MARKERS: Mapping[str, tuple[str, ...]] = {
+    "harmony": ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|call|>",
+                "<|return|>"),
+}
+#: the markup pieces inside a tag's begin/end/trigger strings that a parser looks for: ``<...>``
+#: tags (``<tool_call>``, ``<|tool_call_end|>``, ``<｜tool▁sep｜>``), a tag opened up to its first
+#: attribute (``<invoke``, ``<function=``: never a function's name, so the set stays one per
+#: format, whatever the catalog), ``[TOOL_CALLS]``-like markers
+_MARKUP_PIECE = re.compile(r'<[^<>\s"=]*>|<[^<>\s"=]+=?|\[[A-Z_]+\]')
+
+
+def format_markers(wire_format_name: str) -> tuple[str, ...]:
+    """What a JSON string inside the format's arguments may not spell raw (:mod:`.safe_json`):
+    its special tokens, call triggers and the markup pieces of its call shapes."""
+    entry = wire_format(wire_format_name)
+    spec = entry.grammar
+    shapes = [text for call in spec.calls for text in (call.begin, call.end)] + [spec.trigger or ""]
+    return tuple(dict.fromkeys((*entry.special_tokens, *entry.call_triggers,
+                                *_EXTRA_MARKERS.get(spec.vllm_model or "", ()),
+                                *(piece for text in shapes for piece in _MARKUP_PIECE.findall(text)))))
+
+
+def _tag_markers(node: Any) -> list[str]:
+    """The markup pieces of every begin/end/trigger/constant string in a dumped tag."""
+    if isinstance(node, list):
+        return [piece for item in node for piece in _tag_markers(item)]
+    if not isinstance(node, dict):
+        return []
+    found = []
+    for key, value in node.items():
+        texts = value if isinstance(value, list) else [value]
+        if key in ("begin", "end", "triggers") or (key == "value" and node.get("type") == "const_string"):
+            found += [piece for text in texts if isinstance(text, str) for piece in _MARKUP_PIECE.findall(text)]
+        elif isinstance(value, (dict, list)):
+            found += _tag_markers(value)
+    return found
+
+
+def with_object_arguments(tag: StructuralTag, *, one_line: bool, markers: Sequence[str] = ()) -> StructuralTag:
     """Every JSON argument slot of ``tag`` admits only an object (builtin templates leave a
     non-strict tool's arguments as any JSON value); with ``one_line``, written without a line
     break, as ``", "`` / ``": "`` separated JSON (formats whose parser reads no line break inside
-    arguments: vLLM's DeepSeek parsers match arguments with a regex that stops at one)."""
+    arguments: vLLM's DeepSeek parsers match arguments with a regex that stops at one).
+
+    Every JSON slot (JSON-typed XML values too) becomes a grammar node from :mod:`.safe_json`: its
+    strings cannot spell ``markers`` nor the tag's own markup (a parser takes a marker inside a
+    string for the marker), no lone surrogate escape, finite numbers. A ``star`` of GLM parameters
+    (vLLM's tag for a non-strict tool) admits each key once (:func:`_each_key_once`)."""
+    dumped = tag.model_dump()
+    forbidden = tuple(dict.fromkeys((*markers, *_tag_markers(dumped))))
+
     def visit(node: Any, markup: tuple[str, ...]) -> Any:
         if isinstance(node, list):
             return [visit(item, markup) for item in node]
@@ -218,16 +269,44 @@ def with_object_arguments(tag: StructuralTag, *, one_line: bool) -> StructuralTa
             return node
         if node.get("type") == "json_schema" and node.get("style", "json") == "json":
             schema = object_schema(node.get("json_schema"))
-            if one_line:
-                return {"type": "grammar", "grammar": _one_line_json(schema)}
-            return {**node, "json_schema": schema}
+            ebnf = _one_line_json(schema) if one_line else _json_ebnf({**node, "json_schema": schema})
+            return {"type": "grammar", "grammar": safe_json_ebnf(ebnf, forbidden)}
         if node.get("type") == "json_schema" and node.get("style") in _XML_VALUE_FRAMES:
-            return {"type": "grammar", "grammar": _xml_values_unframed(node, markup)}
+            _, closing, _, inner = _XML_VALUE_FRAMES[node["style"]]
+            return {"type": "grammar", "grammar": safe_json_ebnf(
+                _xml_values_unframed(node, markup), (*forbidden, *inner, *markup, json.loads(closing)))}
+        if node.get("type") == "star" and _each_key_once(node) is not None:
+            return visit(_each_key_once(node), markup)
         if node.get("type") == "tag":   # a string inside may not spell the markup that ends it
             ends = node["end"] if isinstance(node["end"], list) else [node["end"]]
             markup = markup + tuple(piece for end in ends for piece in end.split())
         return {key: visit(value, markup) for key, value in node.items()}
-    return StructuralTag.model_validate(visit(tag.model_dump(), ()))
+    return StructuralTag.model_validate(visit(dumped, ()))
+
+
+def _each_key_once(node: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A ``star`` over GLM parameters (``<arg_key>k</arg_key><arg_value>...``, vLLM's glm_4_7 tag
+    for a non-strict tool) as each declared key at most once, in declared order; None for any
+    other star. A repeated key is no JSON object one can stream: vLLM's engine streams the
+    arguments as a growing prefix and cannot take back the value it sent for the first one."""
+    content = node.get("content") or {}
+    options = content.get("elements") if content.get("type") == "or" else [content]
+    keys = []
+    for option in options or ():
+        first = (option.get("elements") or [None])[0] if option.get("type") == "sequence" else None
+        if not (isinstance(first, dict) and first.get("type") == "const_string"
+                and str(first.get("value", "")).startswith("<arg_key>")):
+            return None
+        keys.append(first["value"].split("</arg_key>")[0])
+    if not keys or len(set(keys)) != len(keys):
+        return None
+    return {"type": "sequence", "elements": [{"type": "optional", "content": option} for option in options]}
+
+
+def _json_ebnf(node: Mapping[str, Any]) -> str:
+    """The EBNF xgrammar builds for a JSON-style ``json_schema`` node (its whitespace bound kept)."""
+    from xgrammar import Grammar
+    return ebnf_text(Grammar.from_structural_tag(StructuralTag.model_validate({"format": dict(node)})))
 
 
 #: XML argument styles -> (the literals that open and close one value, the whitespace its parser
@@ -250,8 +329,6 @@ def _xml_values_unframed(node: Mapping[str, Any], markup: Sequence[str]) -> str:
     """The EBNF xgrammar builds for an XML argument ``node``, with the free whitespace around each
     value replaced by what the format's parser strips (nothing, or one line break), and string
     values kept from spelling the format's ``markup`` (the enclosing tags' ends as well)."""
-    import json
-
     from xgrammar import Grammar
     opening, closing, stripped, inner = _XML_VALUE_FRAMES[node["style"]]
     # built unbounded (a bounded run is printed in shapes too varied to find), bounded below
@@ -271,14 +348,11 @@ def _xml_values_unframed(node: Mapping[str, Any], markup: Sequence[str]) -> str:
 def _one_line_json(schema: Mapping[str, Any]) -> str:
     """The EBNF of ``schema``'s JSON with fixed separators and no free whitespace (strings can hold
     no raw line break either: JSON escapes it)."""
-    import json
-
     from xgrammar import Grammar
     return ebnf_text(Grammar.from_json_schema(json.dumps(schema, sort_keys=True), any_whitespace=False))
 
 
 def built(tag: StructuralTag) -> BuiltTag:
-    import json
     text = json.dumps(tag.model_dump(), separators=(",", ":"))
     return BuiltTag(tag=tag, json=text, digest=tag_digest(text))
 

@@ -198,12 +198,13 @@ def _tag(node: Any, text: str, pos: int, names: _Names, in_call: str | None) -> 
 
 
 def _repeats(node: Any) -> bool:
-    """``node`` holds a repetition (``star``/``plus``) outside any schema."""
+    """``node`` holds a repetition (``star``/``plus``) or an ``optional`` outside any schema: the
+    tag spells parameters out itself (vLLM's GLM tag: a star of parameters; ours: each optional)."""
     if isinstance(node, list):
         return any(_repeats(item) for item in node)
     if not isinstance(node, dict) or node.get("type") in ("json_schema", "grammar"):
         return False
-    return node.get("type") in ("star", "plus") or any(_repeats(value) for value in node.values())
+    return node.get("type") in ("star", "plus", "optional") or any(_repeats(value) for value in node.values())
 
 
 def _separated(node: Any, text: str, pos: int, names: _Names, in_call: str | None,

@@ -1,0 +1,227 @@
+"""JSON argument grammars whose every admitted text reads back as written: strings that cannot spell
+the format's markers, no lone surrogate escapes, and numbers that stay finite float64s.
+
+xgrammar's JSON EBNF (``str(Grammar.from_json_schema(...))``) admits, inside a string, any raw text
+but a quote, a backslash and control characters. vLLM's parsers find a wire format's markers
+(``</tool_call>``, ``<|tool_call_end|>``, ``<parameter name=``, harmony's ``<|end|>`` ...) in the
+raw text, a JSON string's inside included, and take a marker there for the end of the call: the
+arguments come back cut or not at all. :func:`safe_json_ebnf` rewrites that EBNF so that
+
+* the raw text of a string admitted by ``basic_string_sub`` (every string the schema leaves free:
+  any key and value of a non-strict tool's object, a strict tool's plain ``string`` properties)
+  never holds one of ``markers``, the closing quote included (``<parameter name=`` then ``"``).
+  The string's content is a DFA over the raw characters (Aho-Corasick states over the markers, one
+  EBNF rule per state) that drops every step completing a marker. A marker's JSON-escaped spelling
+  stays admitted (``\\u003c`` for ``<``): every string value keeps a spelling (its markers' first
+  characters escaped), so long as no marker starts with a character an escape spells after its
+  backslash (``u``, hex digits, ``bfnrt``, ``/``, ``"``; no format's does). No marker holds a
+  backslash, so an escape starts the automaton over; a marker that could begin inside an escape's
+  own characters is followed through it exactly;
+* a ``\\uXXXX`` escape of a UTF-16 surrogate is admitted only as a pair (a high one followed by a low
+  one): a lone surrogate is no Unicode text, and readers such as pydantic refuse the whole JSON;
+* ``basic_number`` admits only finite float64 values (:data:`NUMBER_BOUND`): ``5e600`` is valid
+  JSON, but a parser that reads the arguments with ``json.loads`` and writes them back with
+  ``json.dumps`` turns it into ``Infinity``, which is no JSON; ``basic_integer`` is bounded alike.
+
+What is left as xgrammar built it (say so where it matters): strings the schema pins otherwise
+(``enum``/``const`` literals and declared key literals are the schema's own text; ``pattern`` and
+``format`` strings and ``minLength``/``maxLength`` strings use their own rules) and numbers with
+``minimum``/``maximum`` bounds (xgrammar writes those as range rules). No vLLM imports.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .json_string import MAX_CODEPOINT, Ranges, _class_text, _merged
+
+#: the bound on admitted JSON numbers: an integer part of at most 20 digits (any 64-bit integer), a
+#: fraction of at most 20 digits, a positive decimal exponent of at most 287, so every number is
+#: below 1e20 * 1e287 = 1e307 < 1.79e308 (float64's largest): finite. A negative exponent may take
+#: three digits (a tiny number reads as a subnormal or 0.0, never an overflow), so every finite
+#: float64 below 1e307 in magnitude keeps a spelling. ``basic_integer``: at most 20 digits.
+NUMBER_BOUND = {"integer_digits": 20, "fraction_digits": 20, "max_exponent": 287, "min_exponent": -999}
+_BOUNDED_NUMBER = (
+    '("-")? ("0" | [1-9] [0-9]{0,19}) ("." [0-9]{1,20})? '
+    '([eE] (("-" [0-9]{1,3}) | ("+"? ([0-9] | [0-9] [0-9] | [01] [0-9] [0-9] | "2" [0-7] [0-9] | "28" [0-7]))))?')
+_BOUNDED_INTEGER = '("0") | (("-")? [1-9] [0-9]{0,19})'
+
+_HEX = [(0x30, 0x39), (0x41, 0x46), (0x61, 0x66)]
+#: the characters of an escape after its backslash, as sequences of character classes: the short
+#: escapes, a non-surrogate \\uXXXX, and a surrogate pair (high \\uD800-\\uDBFF, then low
+#: \\uDC00-\\uDFFF); the ``None`` step is the pair's second backslash (it restarts the automaton)
+_ESCAPES: tuple[tuple[Ranges | None, ...], ...] = (
+    (_merged([(ord(c), ord(c)) for c in '"\\/bfnrt']),),
+    ([(0x75, 0x75)], _merged([(0x30, 0x39), (0x41, 0x43), (0x45, 0x46), (0x61, 0x63), (0x65, 0x66)]),
+     _HEX, _HEX, _HEX),
+    ([(0x75, 0x75)], [(0x44, 0x44), (0x64, 0x64)], [(0x30, 0x37)], _HEX, _HEX),
+    ([(0x75, 0x75)], [(0x44, 0x44), (0x64, 0x64)], _merged([(0x38, 0x39), (0x41, 0x42), (0x61, 0x62)]),
+     _HEX, _HEX, None, [(0x75, 0x75)], [(0x44, 0x44), (0x64, 0x64)],
+     _merged([(0x43, 0x46), (0x63, 0x66)]), _HEX, _HEX),
+)
+#: what a string's content may hold raw: no control character, quote or backslash (xgrammar's own
+#: ``[^\\0-\\u001f\\"\\\\\\r\\n]``)
+_RAW = [(0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_CODEPOINT)]
+_QUOTE = 0x22
+
+
+@dataclass(frozen=True)
+class _Automaton:
+    """Aho-Corasick over the markers: ``step(state, char)``; ``dead`` states complete a marker."""
+    goto: tuple[dict[int, int], ...]
+    fail: tuple[int, ...]
+    dead: frozenset[int]
+    alphabet: frozenset[int]
+
+    def step(self, state: int, char: int) -> int:
+        while state and char not in self.goto[state]:
+            state = self.fail[state]
+        return self.goto[state].get(char, 0)
+
+
+@lru_cache(maxsize=64)
+def _automaton(markers: tuple[str, ...]) -> _Automaton:
+    goto: list[dict[int, int]] = [{}]
+    terminal = [False]
+    for marker in markers:
+        state = 0
+        for char in map(ord, marker):
+            if char not in goto[state]:
+                goto.append({})
+                terminal.append(False)
+                goto[state][char] = len(goto) - 1
+            state = goto[state][char]
+        terminal[state] = True
+    fail = [0] * len(goto)
+    queue = list(goto[0].values())
+    while queue:
+        state = queue.pop(0)
+        terminal[state] = terminal[state] or terminal[fail[state]]
+        for char, target in goto[state].items():
+            back = fail[state]
+            while back and char not in goto[back]:
+                back = fail[back]
+            fail[target] = goto[back].get(char, 0) if goto[back].get(char, 0) != target else 0
+            queue.append(target)
+    dead = frozenset(state for state, is_dead in enumerate(terminal) if is_dead)
+    return _Automaton(tuple(goto), tuple(fail), dead, frozenset(c for m in markers for c in map(ord, m)))
+
+
+def _split(automaton: _Automaton, state: int, ranges: Ranges) -> dict[int, Ranges]:
+    """``ranges`` split by the state each character leads to from ``state`` (dead ones dropped)."""
+    special = sorted(c for c in automaton.alphabet if any(low <= c <= high for low, high in ranges))
+    targets: dict[int, Ranges] = {}
+    rest = ranges
+    for char in special:
+        target = automaton.step(state, char)
+        targets.setdefault(target, []).append((char, char))
+        rest = _cut(rest, char)
+    if rest:
+        targets.setdefault(0, []).extend(rest)
+    return {target: _merged(chars) for target, chars in targets.items() if target not in automaton.dead}
+
+
+def _cut(ranges: Ranges, point: int) -> Ranges:
+    out: Ranges = []
+    for low, high in ranges:
+        if low <= point <= high:
+            out.extend(r for r in ((low, point - 1), (point + 1, high)) if r[0] <= r[1])
+        else:
+            out.append((low, high))
+    return out
+
+
+def _class(ranges: Ranges) -> str:
+    if ranges == [(_QUOTE, _QUOTE)]:
+        return '"\\""'
+    return "[" + "".join(_class_text(low) if low == high else f"{_class_text(low)}-{_class_text(high)}"
+                         for low, high in ranges) + "]"
+
+
+def clean_markers(markers: Iterable[str]) -> tuple[str, ...]:
+    """The markers a string's raw text is kept from spelling: non-empty, without a backslash (JSON
+    writes a backslash escaped, so no raw text holds one unescaped), sorted, each once."""
+    return tuple(sorted({marker for marker in markers if marker and "\\" not in marker}))
+
+
+def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahead: str = "") -> str:
+    """EBNF rules (the entry rule ``name``) for a JSON string's content and closing quote whose raw
+    text never holds one of ``markers``; ``lookahead`` (``(=...)`` or empty) is put on each
+    content rule, as xgrammar puts its own on ``basic_string_sub``."""
+    automaton = _automaton(clean_markers(markers))
+    rules: dict[str, str] = {}
+    escapes: dict[str, str | None] = {}
+    pending = [0]
+
+    def state_rule(state: int) -> str:
+        rule = name if state == 0 else f"{name}_s{state}"
+        if rule not in rules and state not in pending:
+            pending.append(state)
+        return rule
+
+    def escape_rule(steps: tuple[Ranges | None, ...], index: int, position: int, state: int) -> str | None:
+        """The rest of escape ``index`` from ``position`` in automaton ``state``, then the content;
+        None where every way on completes a marker."""
+        rule = f"{name}_e{index}_{position}_{state}"
+        if rule in escapes:
+            return escapes[rule]
+        if position == len(steps):
+            return state_rule(state)
+        if steps[position] is None:
+            rest = escape_rule(steps, index, position + 1, 0)
+            body = None if rest is None else '"\\\\" ' + rest
+        else:
+            ways = [(chars, escape_rule(steps, index, position + 1, target))
+                    for target, chars in sorted(_split(automaton, state, steps[position]).items())]
+            ways = [(chars, rest) for chars, rest in ways if rest is not None]
+            body = " | ".join(f"({_class(chars)} {rest})" for chars, rest in ways) or None
+        escapes[rule] = None if body is None else rule
+        if body is not None:
+            rules[rule] = body
+        return escapes[rule]
+
+    while pending:
+        state = pending.pop()
+        rule = state_rule(state)
+        if rule in rules:
+            continue
+        rules[rule] = ""
+        alternatives = []
+        if automaton.step(state, _QUOTE) not in automaton.dead:
+            alternatives.append('("\\"")')
+        for target, chars in sorted(_split(automaton, state, _RAW).items()):
+            alternatives.append(f"({_class(chars)} {state_rule(target)})")
+        for index, steps in enumerate(_ESCAPES):
+            escape = escape_rule(steps, index, 0, 0)
+            if escape is not None:
+                alternatives.append(f'("\\\\" {escape})')
+        rules[rule] = "(" + " | ".join(alternatives) + ")" + (f" {lookahead}" if lookahead else "")
+    return "\n".join(f"{rule} ::= {body}" for rule, body in rules.items()) + "\n"
+
+
+_RULE = re.compile(r"^(\w+) ::= (.*)$", re.MULTILINE)
+_LOOKAHEAD = re.compile(r"\s(\(=.*\))\s*$")
+
+
+def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
+    """xgrammar's JSON EBNF ``ebnf`` (whole, or with XML around it) with ``basic_string_sub`` kept
+    from spelling ``markers`` and surrogate escapes paired, and ``basic_number`` / ``basic_integer``
+    bounded (the module docstring); a grammar without these rules is returned as it is."""
+    bodies = {match.group(1): match.group(2) for match in _RULE.finditer(ebnf)}
+
+    def replace(rule: str, body: str, text: str) -> str:
+        return re.sub(rf"^{rule} ::= .*$", lambda _: f"{rule} ::= {body}", text, count=1, flags=re.MULTILINE)
+
+    if "basic_string_sub" in bodies:
+        found = _LOOKAHEAD.search(bodies["basic_string_sub"])
+        lookahead = found.group(1) if found else ""
+        ebnf = re.sub(r"^basic_string_sub ::= .*\n?", "", ebnf, count=1, flags=re.MULTILINE)
+        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(markers, "basic_string_sub", lookahead)
+    if "basic_number" in bodies:
+        ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
+    if "basic_integer" in bodies:
+        ebnf = replace("basic_integer", _BOUNDED_INTEGER, ebnf)
+    return ebnf
