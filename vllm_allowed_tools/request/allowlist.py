@@ -157,9 +157,10 @@ def resolve_allowlist(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None
     """Resolve a request body (``/v1/responses`` or ``/v1/chat/completions`` JSON) to its allowlist.
 
     Returns None when there is nothing to do: no tools and no tool_choice, or a plain request
-    vanilla vLLM must judge on its own (hosted or Chat custom choices, an unresolvable name, shapes
-    vLLM will reject). Raises :class:`InvalidSelectionError` (HTTP 400) only for ``allowed_tools``
-    requests, after counting it once in ``vllm_allowed_tools:invalid_selections``.
+    vanilla vLLM must judge on its own (hosted choices, an unresolvable name, shapes vLLM will
+    reject). Raises :class:`InvalidSelectionError` (HTTP 400) only for ``allowed_tools`` requests
+    and Chat named custom choices (a shape vLLM refuses), after counting it once in
+    ``vllm_allowed_tools:invalid_selections``.
     """
     if api not in ("responses", "chat"):
         raise ValueError(f"api must be 'responses' or 'chat', got {api!r}")
