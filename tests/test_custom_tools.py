@@ -245,18 +245,6 @@ def test_a_custom_tool_and_a_function_of_one_name_are_refused_as_ambiguous():
     assert "custom tool 'exec_command'" in caught.value.message
 
 
-def test_chat_completions_selects_no_custom_tool():
-    from vllm_allowed_tools.errors import InvalidSelectionError
-    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-            "tools": [{"type": "function", "function": {"name": "exec_command"}}],
-            "tool_choice": {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
-                {"type": "custom", "custom": {"name": "apply_patch"}}]}}}
-    with pytest.raises(InvalidSelectionError) as caught:
-        rewrite_request(chat, "chat")
-    assert caught.value.param == "tool_choice.allowed_tools.tools[0].type"
-    assert "Responses API only" in caught.value.message
-
-
 def test_a_named_custom_choice_allows_that_custom_tool_only():
     turn = rewrite_request(body(EXEC, APPLY_PATCH, DIGITS, tool_choice=custom("pin")), "responses").allowlist
     assert turn.choice == "named" and turn.allowed_flat_names == ("pin",)

@@ -88,3 +88,86 @@ def test_a_function_selected_as_a_custom_tool_is_a_400_naming_the_entry(random_s
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "tool_choice.tools[1].name" and "is a function tool" in error["message"]
+
+
+# ------------------------------------------------------------------------- Chat Completions
+
+CHAT_SHORT = {"type": "custom", "custom": {"name": "short", "description": "Say it short.",
+                                           "format": SHORT["format"]}}
+CHAT_EXEC = {"type": "function", "function": {"name": "exec_command", "description": EXEC["description"],
+                                              "parameters": EXEC["parameters"]}}
+
+
+def chat_body(seed: int, stream: bool, tool_choice=None) -> dict:
+    return {"model": "tiny", "messages": [{"role": "user", "content": "Go ahead."}],
+            "tools": [CHAT_EXEC, CHAT_SHORT],
+            "tool_choice": tool_choice or {"type": "allowed_tools", "allowed_tools": {
+                "mode": "required", "tools": [{"type": "custom", "custom": {"name": "short"}}]}},
+            "parallel_tool_calls": False, "max_tokens": 120, "temperature": 1.0, "seed": seed,
+            "stream": stream}
+
+
+def chat_unary(server, body: dict) -> dict:
+    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=180)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def chat_streamed(server, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=180) as response:
+        assert response.status_code == 200, response.read()
+        return [json.loads(line[6:]) for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+def the_one_chat_custom_call(calls: list[dict]) -> dict:
+    """A Chat message's one call: OpenAI's custom call shape, the selected tool, its input admitted."""
+    assert [(call["type"], call["custom"]["name"]) for call in calls] == [("custom", "short")], calls
+    assert set(calls[0]) == {"id", "type", "custom"} and calls[0]["id"], calls
+    assert calls[0]["custom"]["input"] in ADMITTED, calls
+    return calls[0]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chat_required_calls_the_selected_custom_tool_with_an_input_its_grammar_admits(server, seed):
+    response = chat_unary(server, chat_body(seed, False))
+    assert response["choices"][0]["finish_reason"] == "tool_calls", response
+    the_one_chat_custom_call(response["choices"][0]["message"]["tool_calls"])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chat_a_streamed_required_turn_streams_custom_deltas(server, seed):
+    chunks = chat_streamed(server, chat_body(seed, True))
+    assert not any("error" in chunk for chunk in chunks), chunks[-1]
+    deltas = [call for chunk in chunks for choice in chunk["choices"]
+              for call in (choice["delta"].get("tool_calls") or [])]
+    assert deltas and all("function" not in call for call in deltas), deltas
+    first = deltas[0]
+    assert first["type"] == "custom" and first["custom"]["name"] == "short" and first["id"], first
+    streamed_input = "".join(call["custom"].get("input") or "" for call in deltas)
+    the_one_chat_custom_call([{"id": first["id"], "type": "custom",
+                               "custom": {"name": "short", "input": streamed_input}}])
+    assert [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]] \
+        == ["tool_calls"]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chat_a_named_custom_choice_calls_it_with_an_input_its_grammar_admits(server, seed):
+    body = chat_body(seed, False, {"type": "custom", "custom": {"name": "short"}})
+    response = chat_unary(server, body)
+    the_one_chat_custom_call(response["choices"][0]["message"]["tool_calls"])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_responses_a_named_custom_choice_calls_it_with_an_input_its_grammar_admits(server, seed):
+    body = request_body(seed, False)
+    body["tool_choice"] = {"type": "custom", "name": "short"}
+    the_one_custom_call(unary(server, body))
+
+
+def test_chat_a_function_named_as_a_custom_tool_is_a_400_naming_the_field(random_server):
+    body = chat_body(0, False, {"type": "custom", "custom": {"name": "exec_command"}})
+    response = httpx.post(f"{random_server.base_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "tool_choice.custom.name" and "is a function tool" in error["message"]

@@ -164,6 +164,11 @@ ACCEPT: list[tuple[str, str, dict[str, Any], set[ToolIdentity]]] = [
      c_allowed([{"function": {"name": "ping"}}], "auto", c_sel("ping")), {I(None, "ping")}),
     ("c-parallel-false", "chat",
      c_allowed(C_TOOLS, "auto", c_sel("read_file"), parallel_tool_calls=False), {I(None, "read_file")}),
+    ("c-custom-tool", "chat",
+     c_allowed(C_TOOLS, "required", c_sel("read_file", {"type": "custom", "custom": {"name": "apply_patch"}})),
+     {I(None, "read_file"), I(None, "apply_patch")}),
+    ("c-custom-tool-flat-name", "chat",
+     c_allowed(C_TOOLS, "auto", c_sel({"type": "custom", "name": "apply_patch"})), {I(None, "apply_patch")}),
 ]
 
 
@@ -286,8 +291,17 @@ REJECT: list[RejectRow] = [
      "unknown_function", "tool_choice.allowed_tools.tools[0].function.name", "invalid_allowed_tools",
      "Add it to `tools`"),
     ("c-custom-tool-name", "chat", c_allowed(C_TOOLS, "auto", c_sel("apply_patch")),
-     "unknown_function", "tool_choice.allowed_tools.tools[0].function.name", "invalid_allowed_tools",
-     "is a custom tool"),
+     "tool_type_mismatch", "tool_choice.allowed_tools.tools[0].function.name", "invalid_allowed_tools",
+     "'apply_patch' is a custom tool, not a function: select it as {\"type\": \"custom\", "
+     "\"custom\": {\"name\": \"apply_patch\"}}"),
+    ("c-function-selected-as-custom", "chat",
+     c_allowed(C_TOOLS, "auto", c_sel({"type": "custom", "custom": {"name": "read_file"}})),
+     "tool_type_mismatch", "tool_choice.allowed_tools.tools[0].custom.name", "invalid_allowed_tools",
+     "'read_file' is a function tool, not a custom tool"),
+    ("c-unknown-custom", "chat",
+     c_allowed(C_TOOLS, "auto", c_sel({"type": "custom", "custom": {"name": "apply_ptch"}})),
+     "unknown_function", "tool_choice.allowed_tools.tools[0].custom.name", "invalid_allowed_tools",
+     "'apply_ptch' is not a custom tool in `tools`; the custom tools are: apply_patch."),
     # --- ambiguous
     ("r-ambiguous-bare", "responses", r_allowed(R_TOOLS, "auto", r_sel("get_weather", "lookup")),
      "ambiguous_name", "tool_choice.tools[1].name", "invalid_allowed_tools",
@@ -297,16 +311,16 @@ REJECT: list[RejectRow] = [
     *[(f"r-non-function-{t}", "responses",
        r_allowed(R_TOOLS, "auto", r_sel("get_weather", {"type": t, "name": "x", "server_label": "s"})),
        "non_function_selector", "tool_choice.tools[1].type", "invalid_allowed_tools",
-       "only function tools and (on the Responses API) custom tools can be selected in allowed_tools")
+       "only function tools and custom tools can be selected in allowed_tools")
       for t in ("mcp", "web_search", "file_search", "image_generation", "namespace",
                 "tool_search", "computer_use_preview", "frobnicate")],
     *[(f"c-non-function-{t}", "chat",
        c_allowed(C_TOOLS, "auto", c_sel({"type": t, t: {"name": "apply_patch"}})),
        "non_function_selector", "tool_choice.allowed_tools.tools[0].type", "invalid_allowed_tools",
-       "only function tools can be selected") for t in ("mcp", "web_search")],
-    ("c-custom-selector", "chat", c_allowed(C_TOOLS, "auto", c_sel({"type": "custom", "custom": {"name": "apply_patch"}})),
-     "non_function_selector", "tool_choice.allowed_tools.tools[0].type", "invalid_allowed_tools",
-     "cannot be selected on Chat Completions: vLLM serves custom tools on the Responses API only"),
+       "only function tools and custom tools can be selected") for t in ("mcp", "web_search")],
+    ("c-custom-selector-not-object", "chat", c_allowed(C_TOOLS, "auto", c_sel({"type": "custom", "custom": "apply_patch"})),
+     "malformed", "tool_choice.allowed_tools.tools[0].custom", "invalid_allowed_tools",
+     'Chat Completions selects custom tools as {"type": "custom", "custom": {"name": "<custom tool name>"}}'),
     ("r-namespace-selector-hint", "responses",
      r_allowed(R_TOOLS, "auto", [{"type": "namespace", "name": "github"}]), "non_function_selector",
      "tool_choice.tools[0].type", "invalid_allowed_tools", "flat name `<namespace>__<name>`"),
@@ -386,6 +400,10 @@ REJECT: list[RejectRow] = [
      "no_function_tools", "tools", "invalid_tools", "contains no function tool"),
     ("c-only-custom", "chat", c_allowed([{"type": "custom", "custom": {"name": "apply_patch"}}], "auto",
                                         c_sel("apply_patch")),
+     "tool_type_mismatch", "tool_choice.allowed_tools.tools[0].function.name", "invalid_allowed_tools",
+     "is a custom tool, not a function"),
+    ("c-only-hosted", "chat", c_allowed([{"type": "web_search", "web_search": {"name": "w"}}], "auto",
+                                        c_sel("w")),
      "no_function_tools", "tools", "invalid_tools", "contains no function tool"),
     # --- malformed catalog (only checked for allowed_tools)
     ("r-tools-field-not-list", "responses", r_allowed({"type": "function"}, "auto", r_sel("x")),  # type: ignore[arg-type]
@@ -565,6 +583,8 @@ def test_auto_default_with_only_hosted_tools() -> None:
     ("chat", {"tools": C_TOOLS,
               "tool_choice": {"type": "function", "function": {"name": "mcp__computer_use"}}},
      I(None, "mcp__computer_use")),
+    ("chat", {"tools": C_TOOLS, "tool_choice": {"type": "custom", "custom": {"name": "apply_patch"}}},
+     I(None, "apply_patch")),
 ])
 def test_named_choice(api: str, body: dict[str, Any], expected: ToolIdentity) -> None:
     policy = resolve_allowlist(body, api)  # type: ignore[arg-type]
@@ -591,7 +611,6 @@ def test_named_choice(api: str, body: dict[str, Any], expected: ToolIdentity) ->
     ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "mcp", "server_label": "deepwiki"}}),
     ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "custom", "name": "get_weather"}}),
     ("responses", {"tools": R_TOOLS, "tool_choice": {"type": "function", "name": "apply_patch"}}),
-    ("chat", {"tools": C_TOOLS, "tool_choice": {"type": "custom", "custom": {"name": "apply_patch"}}}),
     ("chat", {"tools": C_TOOLS, "tool_choice": "sometimes"}),
     ("chat", {"tools": C_TOOLS, "tool_choice": 3}),
 ])

@@ -29,6 +29,7 @@ from ..response import (
     unreadable_violation,
 )
 from ..response.asgi import Message, Receive, Send
+from ..response.chat_custom import restore_completion
 from ..response.contract import NAMES_ONLY, OutputContract
 from ..response.conformance import conformed_event, conformed_response
 from ..response.conformance_check import CheckLog
@@ -128,7 +129,9 @@ class GuardedSend:
                  spec_version: tuple[int, ...], approvals: Any = None,
                  commit: Callable[[], Any] | None = None,
                  contract: OutputContract | None = None, check_log: CheckLog | None = None,
-                 server_turn: Any = None) -> None:
+                 server_turn: Any = None, custom_names: frozenset[str] = frozenset()) -> None:
+        #: Chat: the request's custom tools, whose function calls go out as custom calls
+        self._custom_names = custom_names if api == "chat" else frozenset()
         self._server_turn = server_turn   # the server-side calls vLLM's loop decided (server_tools)
         self._contract = contract if contract is not None else NAMES_ONLY
         self._approvals = approvals
@@ -216,7 +219,8 @@ class GuardedSend:
             return False
         self._mode = "sse"
         self._guard = GuardedSSE(self._responses_stream() if self._api == "responses"
-                                 else ChatStreamGuard(self._call_filter, contract=self._contract))
+                                 else ChatStreamGuard(self._call_filter, contract=self._contract,
+                                                      custom_names=self._custom_names))
         if self._check_log is not None:
             self._stream_check = self._check_log.stream()
         return True
@@ -277,6 +281,7 @@ class GuardedSend:
         if self._api == "responses":   # before the approvals: the model's own output is judged
             changed = check_responses_object(data, self._call_filter, contract=self._contract)
         else:
+            restore_completion(data, self._custom_names)   # judged as the client gets it
             check_chat_completion(data, self._call_filter, contract=self._contract)
         if self._approvals is not None:
             calls = [item for item in data.get("output") or ()
@@ -291,7 +296,7 @@ class GuardedSend:
         if self._echo:
             restore_echo(conformed, self._echo)
         if changed or self._approvals is not None or self._echo or conformed is not data \
-                or self._server_turn is not None:
+                or self._server_turn is not None or self._custom_names:
             return json.dumps(conformed).encode()
         return self._buffer
 

@@ -203,7 +203,9 @@ class GuardingMiddleware:
                      if p.isdigit())
         send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec,
                            response_approvals, commit, contract=contract, check_log=self._check_log,
-                           server_turn=server.turn if server is not None and not render else None)
+                           server_turn=server.turn if server is not None and not render else None,
+                           custom_names=read_custom_tools(data.get("tools"), api).names
+                           if api == "chat" and not render else frozenset())
         await self._run(scope, stop.receive(body, receive), send,
                         server.turn if server is not None and not render else None)
 

@@ -37,10 +37,15 @@ def carries_custom_inputs(wire_format_name: str, mode: str) -> bool:
 
 
 def refuse_uncarried_custom_tools(allowlist: TurnAllowlist | None, parser: str | None) -> None:
-    """Raise CapabilityError (400, naming the format and the tool) when ``allowlist`` selects a
-    custom grammar tool that ``parser``'s format cannot hold to its grammar; nothing for a parser
-    that is not one of ours (its grammar is not ours to build)."""
-    if allowlist is None or not allowlist.has_allowlist or allowlist.mode is None or parser is None:
+    """Raise CapabilityError (400, naming the format and the tool) when the turn can call a custom
+    grammar tool that ``parser``'s format cannot hold to its grammar in the turn's mode (an
+    ``allowed_tools`` selection, a plain ``required`` or ``auto`` turn's catalog, a named choice);
+    nothing for a parser that is not one of ours (its grammar is not ours to build)."""
+    if allowlist is None or parser is None:
+        return
+    # a named choice decodes as one required call (rewrite.custom_inputs_allowlist)
+    mode = "required" if allowlist.choice == "named" else allowlist.mode
+    if mode is None:
         return
     grammar_tools = [spec.flat_name for spec in allowlist.allowed_specs
                      if spec.kind == "custom" and spec.grammar is not None]
@@ -51,6 +56,6 @@ def refuse_uncarried_custom_tools(allowlist: TurnAllowlist | None, parser: str |
         name = wire_format(parser).name
     except ValueError:
         return
-    if not carries_custom_inputs(name, allowlist.mode):
+    if not carries_custom_inputs(name, mode):
         from .custom_inputs import uncarried
         raise uncarried(name, grammar_tools[0])

@@ -16,7 +16,7 @@ from .identity import FunctionSpec, ToolIdentity
 from .digest import value_digest
 from .json_text import copy_json
 from .messages import is_name, malformed, type_name
-from .selection import Mode, read_selection
+from .selection import Mode, read_selection, resolve_chat_custom_choice
 
 __all__ = ["Choice", "TurnAllowlist", "allowlist_digest", "resolve_allowlist",
            "resolve_callable_catalog"]
@@ -157,9 +157,10 @@ def resolve_allowlist(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None
     """Resolve a request body (``/v1/responses`` or ``/v1/chat/completions`` JSON) to its allowlist.
 
     Returns None when there is nothing to do: no tools and no tool_choice, or a plain request
-    vanilla vLLM must judge on its own (hosted or Chat custom choices, an unresolvable name, shapes
-    vLLM will reject). Raises :class:`InvalidSelectionError` (HTTP 400) only for ``allowed_tools``
-    requests, after counting it once in ``vllm_allowed_tools:invalid_selections``.
+    vanilla vLLM must judge on its own (hosted choices, an unresolvable name, shapes vLLM will
+    reject). Raises :class:`InvalidSelectionError` (HTTP 400) only for ``allowed_tools`` requests
+    and Chat named custom choices (a shape vLLM refuses), after counting it once in
+    ``vllm_allowed_tools:invalid_selections``.
     """
     if api not in ("responses", "chat"):
         raise ValueError(f"api must be 'responses' or 'chat', got {api!r}")
@@ -247,7 +248,11 @@ def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> TurnA
         return _turn_allowlist(api, catalog, tool_choice, mode, None, parallel,  # type: ignore[arg-type]
                                tool_choice)
     kind = tool_choice.get("type") if isinstance(tool_choice, Mapping) else None
-    if kind == "function" or (kind == "custom" and api == "responses"):
+    if kind == "custom" and api == "chat":   # vLLM refuses the shape: judged here, a 400 if unsound
+        identity = resolve_chat_custom_choice(tool_choice, catalog)
+        return _turn_allowlist(api, catalog, "named", None, frozenset({identity}), parallel,
+                               copy_json(tool_choice))
+    if kind in ("function", "custom"):
         named = _named_function(tool_choice, api)
         if named is None:
             return None
@@ -257,7 +262,7 @@ def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> TurnA
             return None  # unknown, ambiguous or of the other kind: vanilla vLLM answers
         return _turn_allowlist(api, catalog, "named", None, frozenset({found.identity}), parallel,
                                copy_json(tool_choice))
-    return None  # hosted, MCP, Chat custom or unknown choice types: not ours to model
+    return None  # hosted, MCP or unknown choice types: not ours to model
 
 
 def _named_function(choice: Mapping[str, Any], api: Api) -> tuple[str, str | None] | None:

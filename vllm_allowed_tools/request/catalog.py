@@ -140,6 +140,13 @@ class _CatalogParser:
                           f"{param}.function must be an object with the function's name, "
                           f"description and parameters, got {type_name(function)}{hint}.")
             self._function(function, None, f"{param}.function")
+        elif tool_type == "custom":
+            custom = tool.get("custom", ABSENT)
+            if not isinstance(custom, Mapping):
+                self.fail(f"{param}.custom", f"{param}.custom must be an object with the custom "
+                                             "tool's name, description and format, got "
+                                             f"{type_name(custom)}.")
+            self._custom(custom, f"{param}.custom")
         elif isinstance(tool_type, str):
             inner = tool.get(tool_type)
             name = inner.get("name") if isinstance(inner, Mapping) else tool.get("name")
@@ -166,7 +173,7 @@ class _CatalogParser:
 
 
     def _custom(self, tool: Mapping[str, Any], param: str) -> None:
-        """A Responses ``custom`` tool: served to the model as a function of one string ``input``
+        """A ``custom`` tool (Responses' flat definition, or what Chat nests under ``custom``): served to the model as a function of one string ``input``
         (its ``format`` is checked, and compiled, by :mod:`.custom_tools`)."""
         name, description = tool.get("name", ABSENT), tool.get("description")
         if not is_name(name):

@@ -1,4 +1,4 @@
-"""Responses ``custom`` tools with a grammar (Codex's ``apply_patch``): read, compiled, served.
+"""``custom`` tools (Codex's ``apply_patch``), on Responses and Chat Completions: read, compiled, served.
 
 vLLM 0.32 refuses a ``custom`` tool whose ``format`` is a grammar (a 400 on the whole request, so a
 client that sends one, as Codex does for its own models, cannot run a turn); a free-form (``text``)
@@ -7,7 +7,14 @@ answered as a ``custom_tool_call``. :func:`read_custom_tools` checks every gramm
 its grammar once per digest (a grammar that does not compile is a 400 naming its
 ``tools[i].format.definition``, before generation) and gives the tools as vLLM accepts them: the
 grammar tool as a text tool whose description carries the grammar, so the model sees it. The
-grammars then constrain and check that tool's input (:class:`CustomTools`). No vLLM imports.
+grammars then constrain and check that tool's input (:class:`CustomTools`).
+
+Chat Completions' ``custom`` tools (``{"type": "custom", "custom": {"name", "description",
+"format"}}``) vLLM 0.32 refuses at validation whatever their format (its Chat ``tools`` take
+functions only): every one reaches vLLM as the function vLLM's Responses path shows a custom tool
+as (one string field ``input``, :func:`.identity.custom_parameters`), the grammar in its
+description; the response side gives the client its custom calls back (:mod:`..response.chat_custom`).
+No vLLM imports.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from typing import Any, Literal
 from ..errors import AllowedToolsError
 
 __all__ = ["CODE_INVALID_CUSTOM_TOOL", "CustomGrammar", "CustomTools", "input_grammar", "is_grammar_tool",
-           "read_custom_tools"]
+           "read_custom_tools", "served_messages"]
 
 #: the 400 ``code`` of a custom tool this server cannot take as sent
 CODE_INVALID_CUSTOM_TOOL = "invalid_custom_tool"
@@ -56,6 +63,9 @@ class CustomTools:
     nothing to change)."""
     grammars: Mapping[str, CustomGrammar]
     served_tools: list[Any] | None
+    #: every custom tool's name (free-form ones too): on Chat Completions the functions whose
+    #: calls go back to the client as custom calls
+    names: frozenset[str] = frozenset()
 
     def grammar_for(self, name: str | None) -> CustomGrammar | None:
         return self.grammars.get(name) if name is not None else None
@@ -69,29 +79,78 @@ def _error(message: str, param: str) -> AllowedToolsError:
 
 
 def read_custom_tools(tools: Any, api: Literal["chat", "responses"]) -> CustomTools:
-    """The request's grammar custom tools, checked and compiled; raises AllowedToolsError (a 400
-    naming the field) for a grammar this server cannot take. Chat Completions' ``custom`` tools are
-    left to vLLM (which refuses them)."""
-    if api != "responses" or not isinstance(tools, list):
+    """The request's custom tools, checked and their grammars compiled; raises AllowedToolsError
+    (a 400 naming the field) for one this server cannot take. On Responses only grammar tools
+    change (to text tools); on Chat Completions every custom tool becomes a function."""
+    if api not in ("chat", "responses") or not isinstance(tools, list):
         return NO_CUSTOM_TOOLS
     grammars: dict[str, CustomGrammar] = {}
+    names: dict[str, str] = {}
     served: list[Any] = []
     changed = False
     for index, tool in enumerate(tools):
         if not (isinstance(tool, Mapping) and tool.get("type") == "custom"):
             served.append(tool)
             continue
-        grammar = _read_one(tool, f"tools[{index}]")
-        if grammar is None:
+        param = f"tools[{index}]"
+        if api == "chat":
+            inner = tool.get("custom")
+            if not isinstance(inner, Mapping):
+                raise _error("a Chat Completions custom tool is {\"type\": \"custom\", \"custom\": "
+                             "{\"name\": ..., \"description\": ..., \"format\": ...}}; `custom` must "
+                             "be an object", f"{param}.custom")
+            tool, param = inner, f"{param}.custom"
+        grammar = _read_one(tool, param)
+        name = tool["name"]
+        if name in names and (api == "chat" or grammar is not None or names[name] == "grammar"):
+            raise _error(f"two custom tools are named {name!r}; give each tool its own name",
+                         f"{param}.name")
+        names[name] = "grammar" if grammar is not None else "text"
+        if grammar is not None:
+            grammars[grammar.name] = grammar
+        if api == "chat":
+            served.append(_as_chat_function(tool, grammar))
+            changed = True
+        elif grammar is not None:
+            served.append(_as_text_tool(tool, grammar))
+            changed = True
+        else:
             served.append(tool)
-            continue
-        if grammar.name in grammars:
-            raise _error(f"two custom tools are named {grammar.name!r}; give each tool its own name",
-                         f"tools[{index}].name")
-        grammars[grammar.name] = grammar
-        served.append(_as_text_tool(tool, grammar))
-        changed = True
-    return CustomTools(grammars, served if changed else None)
+    return CustomTools(grammars, served if changed else None, frozenset(names))
+
+
+def served_messages(messages: Any) -> list[Any] | None:
+    """A Chat Completions history with each assistant ``custom`` tool call (``{"id", "type":
+    "custom", "custom": {"name", "input"}}``, as the client got it back) in the function shape
+    vLLM and the chat template take (``arguments`` the JSON object ``{"input": ...}``, what the
+    model wrote); None when no message has one."""
+    if not isinstance(messages, list):
+        return None
+    served: list[Any] = []
+    changed = False
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+        if isinstance(calls, list) and any(_is_custom_call(call) for call in calls):
+            message = {**message, "tool_calls": [_as_function_call(call) if _is_custom_call(call)
+                                                 else call for call in calls]}
+            changed = True
+        served.append(message)
+    return served if changed else None
+
+
+def _is_custom_call(call: Any) -> bool:
+    return isinstance(call, Mapping) and call.get("type") == "custom" \
+        and isinstance(call.get("custom"), Mapping)
+
+
+def _as_function_call(call: Mapping[str, Any]) -> dict[str, Any]:
+    import json
+    custom = call["custom"]
+    text = custom.get("input")
+    served = {key: value for key, value in call.items() if key not in ("type", "custom")}
+    return {**served, "type": "function", "function": {
+        "name": custom.get("name"),
+        "arguments": json.dumps({"input": text if isinstance(text, str) else ""}, ensure_ascii=False)}}
 
 
 def _read_one(tool: Mapping[str, Any], param: str) -> CustomGrammar | None:
@@ -128,9 +187,27 @@ def _as_text_tool(tool: Mapping[str, Any], grammar: CustomGrammar) -> dict[str, 
     """The tool as vLLM serves it: free-form input, the grammar told to the model in the
     description (the constraint itself travels with the decode-time grammar)."""
     description = tool.get("description") if isinstance(tool.get("description"), str) else ""
-    told = (f"{description}\n\n" if description else "") + \
+    return {**tool, "description": _told(description, grammar), "format": {"type": "text"}}
+
+
+def _as_chat_function(tool: Mapping[str, Any], grammar: CustomGrammar | None) -> dict[str, Any]:
+    """A Chat Completions custom tool as vLLM's Chat validation takes it: the function vLLM's
+    Responses path shows a custom tool as (one string field ``input``), the grammar told to the
+    model in the description."""
+    from .identity import custom_parameters
+    description = tool.get("description") if isinstance(tool.get("description"), str) else None
+    if grammar is not None:
+        description = _told(description or "", grammar)
+    function: dict[str, Any] = {"name": tool["name"]}
+    if description is not None:
+        function["description"] = description
+    function["parameters"] = custom_parameters()
+    return {"type": "function", "function": function}
+
+
+def _told(description: str, grammar: CustomGrammar) -> str:
+    return (f"{description}\n\n" if description else "") + \
         f"The input must match this {grammar.syntax} grammar:\n{grammar.definition}"
-    return {**tool, "description": told, "format": {"type": "text"}}
 
 
 # ------------------------------------------------------------------------------------ compiling
@@ -209,8 +286,11 @@ def _grammar(ebnf: str) -> Any:
 
 
 def is_grammar_tool(tool: Any) -> bool:
-    """A Responses ``custom`` tool whose ``format`` is a grammar."""
-    fmt = tool.get("format") if isinstance(tool, Mapping) and tool.get("type") == "custom" else None
+    """A ``custom`` tool (Responses' flat shape or Chat's nested one) whose ``format`` is a grammar."""
+    if not (isinstance(tool, Mapping) and tool.get("type") == "custom"):
+        return False
+    inner = tool.get("custom")
+    fmt = (inner if isinstance(inner, Mapping) else tool).get("format")
     return isinstance(fmt, Mapping) and fmt.get("type") == "grammar"
 
 

@@ -1,7 +1,7 @@
 """How a tool the model calls is named: its canonical identity, the flat name the model sees, and
 the digest of its definition, shared by the allowlist, the guard, the approvals and the dispatcher.
 
-A Responses ``custom`` tool is a spec too (kind ``custom``): vLLM shows it to the model as a function
+A ``custom`` tool (Responses, or Chat Completions through the plugin) is a spec too (kind ``custom``): vLLM shows it to the model as a function
 with one string field ``input``, so it shares the functions' names, grammar and prompt order."""
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from .digest import value_digest
 __all__ = ["CUSTOM_INPUT_KEY", "NAMESPACE_SEPARATOR", "FunctionSpec", "ToolIdentity", "ToolKind",
            "custom_digest", "custom_parameters", "flat_name", "function_digest"]
 
-#: what a catalog entry is: a function tool, or a Responses ``custom`` tool (free-form input)
+#: what a catalog entry is: a function tool, or a ``custom`` tool (free-form input)
 ToolKind = Literal["function", "custom"]
 #: the one field of the function vLLM shows a custom tool as (``vllm.tool_parsers.utils``)
 CUSTOM_INPUT_KEY = "input"

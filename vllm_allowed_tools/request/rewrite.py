@@ -16,7 +16,7 @@ from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
-from .custom_tools import is_grammar_tool, read_custom_tools
+from .custom_tools import is_grammar_tool, read_custom_tools, served_messages
 from .placement import TEMPLATE_KWARG, TEMPLATE_VARIABLE, canonical_tools
 from .typed_fields import normalise_fields
 
@@ -128,7 +128,20 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
         tools = canonical_tools(custom.served_tools or new["tools"], api)
         if json.dumps(tools) != json.dumps(new["tools"]):   # order matters here, keys included
             original_tools, new["tools"], changed = body.get("tools"), tools, True
+    if api == "chat":
+        messages = served_messages(new.get("messages"))
+        if messages is not None:
+            new["messages"], changed = messages, True
+        if allowlist is not None and allowlist.choice == "named" and allowlist.allowed_specs \
+                and allowlist.allowed_specs[0].kind == "custom":
+            # vLLM's Chat validation takes named functions only: the custom tool's function
+            new["tool_choice"] = {"type": "function",
+                                  "function": {"name": allowlist.allowed_specs[0].flat_name}}
+            changed = True
     if allowlist is None or not allowlist.has_allowlist:
+        wire = custom_inputs_allowlist(allowlist)
+        if wire is not None:   # the wrapper then builds the grammar, each custom input held to its own
+            new[ALLOWLIST_KEY], changed = allowlist_to_wire(wire), True
         return Rewritten(new, allowlist, original, changed, request, original_tools)
     new["tool_choice"] = allowlist.internal_tool_choice()
     new[ALLOWLIST_KEY] = allowlist_to_wire(allowlist)
@@ -139,6 +152,22 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
                                        "names": sorted(allowlist.allowed_flat_names)}
     new["chat_template_kwargs"] = template_kwargs
     return Rewritten(new, allowlist, original, True, request, original_tools)
+
+
+def custom_inputs_allowlist(allowlist: TurnAllowlist | None) -> TurnAllowlist | None:
+    """The wire allowlist of a plain ``required`` turn or a named choice that can call a custom
+    tool with a grammar (None otherwise): what the turn may call, as an ``allowed`` turn in
+    ``required`` mode (a named choice: one call), so the wrapper builds the turn's grammar itself
+    and holds each custom input to its grammar, where vLLM's own grammar for these choices leaves
+    the ``input`` string free. ``tools``, ``tool_choice`` and the prompt stay the client's."""
+    if allowlist is None or allowlist.choice not in ("named", "required") or not any(
+            spec.kind == "custom" and spec.grammar is not None for spec in allowlist.allowed_specs):
+        return None
+    allowed = frozenset(spec.identity for spec in allowlist.allowed_specs)
+    parallel = allowlist.parallel_tool_calls and allowlist.choice == "required"
+    return replace(allowlist, choice="allowed", mode="required", allowed=allowed,
+                   parallel_tool_calls=parallel,
+                   allowlist_digest=allowlist_digest("allowed", "required", allowed, parallel))
 
 
 def narrow_allowlist(rewritten: Rewritten, remove: Collection[str]) -> Rewritten:

@@ -14,13 +14,14 @@ from .catalog import Api, Catalog
 from .identity import ToolIdentity, ToolKind, flat_name
 from .messages import ABSENT, is_name, names_list, quote, type_name
 
-__all__ = ["MODES", "Mode", "Selection", "read_selection"]
+__all__ = ["MODES", "Mode", "Selection", "read_selection", "resolve_chat_custom_choice"]
 
 Mode = Literal["auto", "required"]
 MODES = ("auto", "required")
 
 _RESPONSES_ENTRY = '{"type": "function", "name": "<function name>"}'
 _CHAT_ENTRY = '{"type": "function", "function": {"name": "<function name>"}}'
+_CHAT_CUSTOM_ENTRY = '{"type": "custom", "custom": {"name": "<custom tool name>"}}'
 _RESPONSES_SHAPE = ('{"type": "allowed_tools", "mode": "auto" | "required", "tools": ['
                     + _RESPONSES_ENTRY + ", ...]}")
 _CHAT_SHAPE = ('{"type": "allowed_tools", "allowed_tools": {"mode": "auto" | "required", "tools": ['
@@ -44,28 +45,54 @@ class Selection:
     def resolve(self, catalog: Catalog) -> frozenset[ToolIdentity]:
         """The identities the selectors name; raises on an ambiguous or unknown name, or on a name
         whose tool is of the other kind (a function selected as custom, or the reverse)."""
-        resolver = catalog.resolver
         allowed: set[ToolIdentity] = set()
         for i, entry in enumerate(self.entries):
             kind, name, namespace, name_param = _selector(entry, self.api, f"{self.prefix}.tools[{i}]")
-            found = resolver.resolve(name, namespace)
-            if found.identity is not None:
-                spec = catalog.by_flat.get(found.identity.flat_name)
-                if spec is not None and spec.kind != kind:
-                    raise _selection_error(_kind_message(name, spec.kind, name_param),
-                                           "tool_type_mismatch", name_param)
-                allowed.add(found.identity)
-                continue
-            if found.candidates:
-                raise _selection_error(
-                    f"{name_param} {quote(name)} is ambiguous: it names a function in several "
-                    f"namespaces ({', '.join(found.candidates)}). Select one by its flat name "
-                    f"`<namespace>__<name>` (for example {quote(found.candidates[0])})"
-                    + (", or add \"namespace\" to the entry." if self.api == "responses" else "."),
-                    "ambiguous_name", name_param)
-            raise _selection_error(_unknown_message(kind, name, namespace, name_param, catalog),
-                                   "unknown_function", name_param)
+            allowed.add(_resolve_one(catalog, self.api, kind, name, namespace, name_param))
         return frozenset(allowed)
+
+
+def _resolve_one(catalog: Catalog, api: Api, kind: ToolKind, name: str, namespace: str | None,
+                 name_param: str) -> ToolIdentity:
+    """The identity one selector names; raises (naming ``name_param``) on an ambiguous or unknown
+    name, or a name whose tool is of the other kind."""
+    found = catalog.resolver.resolve(name, namespace)
+    if found.identity is not None:
+        spec = catalog.by_flat.get(found.identity.flat_name)
+        if spec is not None and spec.kind != kind:
+            raise _selection_error(_kind_message(name, spec.kind, name_param, api),
+                                   "tool_type_mismatch", name_param)
+        return found.identity
+    if found.candidates:
+        raise _selection_error(
+            f"{name_param} {quote(name)} is ambiguous: it names a function in several "
+            f"namespaces ({', '.join(found.candidates)}). Select one by its flat name "
+            f"`<namespace>__<name>` (for example {quote(found.candidates[0])})"
+            + (", or add \"namespace\" to the entry." if api == "responses" else "."),
+            "ambiguous_name", name_param)
+    raise _selection_error(_unknown_message(kind, name, namespace, name_param, catalog),
+                           "unknown_function", name_param)
+
+
+def resolve_chat_custom_choice(choice: Mapping[str, Any], catalog: Catalog) -> ToolIdentity:
+    """The custom tool a Chat Completions named choice ``{"type": "custom", "custom": {"name":
+    ...}}`` (or the flat ``"name"`` of the Responses shape) names; raises a 400 naming the field
+    when it is malformed, unknown, or names a function (vLLM refuses the shape, so the plugin
+    judges it like an ``allowed_tools`` entry)."""
+    custom = choice.get("custom", ABSENT)
+    if isinstance(custom, Mapping):
+        name, param = custom.get("name", ABSENT), "tool_choice.custom.name"
+    elif custom is ABSENT and "name" in choice:
+        name, param = choice.get("name"), "tool_choice.name"
+    else:
+        raise _selection_error(f"tool_choice.custom must be an object, got {type_name(custom)}: "
+                               f"Chat Completions names a custom tool as {_CHAT_CUSTOM_ENTRY}.",
+                               "malformed", "tool_choice.custom")
+    if not is_name(name):
+        raise _selection_error(f"{param} must be a non-empty string naming a custom tool in "
+                               f"`tools`, got {type_name(name)}.", "malformed", param)
+    catalog.raise_collision()
+    return _resolve_one(catalog, "chat", "custom", name, None, param)
 
 
 def read_selection(choice: Mapping[str, Any], api: Api) -> Selection:
@@ -150,6 +177,17 @@ def _selector(entry: Any, api: Api, param: str) -> tuple[ToolKind, str, str | No
         if namespace is not None and not is_name(namespace):
             raise _selection_error(f"{param}.namespace must be a non-empty string or absent, got "
                                    f"{type_name(namespace)}.", "malformed", f"{param}.namespace")
+    elif kind == "custom":   # Chat: {"custom": {"name"}} (OpenAI's), or the Responses' flat name
+        namespace = None
+        custom = entry.get("custom", ABSENT)
+        if isinstance(custom, Mapping):
+            name, name_param = custom.get("name", ABSENT), f"{param}.custom.name"
+        elif custom is ABSENT and "name" in entry:
+            name, name_param = entry.get("name"), f"{param}.name"
+        else:
+            raise _selection_error(f"{param}.custom must be an object, got {type_name(custom)}: Chat "
+                                   f"Completions selects custom tools as {_CHAT_CUSTOM_ENTRY}.",
+                                   "malformed", f"{param}.custom")
     else:
         function = entry.get("function", ABSENT)
         namespace = None
@@ -178,27 +216,21 @@ def _selector_kind(entry: Mapping[str, Any], api: Api, param: str, expected: str
     if not isinstance(entry_type, str):
         raise _selection_error(f"{param}.type must be the string \"function\", got "
                                f"{type_name(entry_type)}.", "malformed", f"{param}.type")
-    if entry_type == "function" or (entry_type == "custom" and api == "responses"):
+    if entry_type in ("function", "custom"):
         return entry_type  # type: ignore[return-value]
-    if entry_type == "custom":
-        raise _selection_error(
-            f"{param}.type \"custom\" cannot be selected on Chat Completions: vLLM serves custom "
-            "tools on the Responses API only (its Chat Completions `tools` take functions). Select "
-            f"function tools as {expected}, or send the request to /v1/responses.",
-            "non_function_selector", f"{param}.type")
     extra = (" To select namespace members, list each member by its flat name "
              "`<namespace>__<name>`." if entry_type == "namespace" else "")
-    kinds = "function tools and (on the Responses API) custom tools" if api == "responses" \
-        else "function tools"
+    kinds = "function tools and custom tools"
     raise _selection_error(
         f"{param}.type {quote(entry_type)} cannot be selected: only {kinds} can be selected in "
         "allowed_tools (hosted, MCP and other tools are not supported here). Remove the entry or "
         f"select tools as {expected}.{extra}", "non_function_selector", f"{param}.type")
 
 
-def _kind_message(name: str, kind: ToolKind, param: str) -> str:
+def _kind_message(name: str, kind: ToolKind, param: str, api: Api = "responses") -> str:
     """The tool ``name`` is a ``kind`` tool, and the selector asked for the other kind."""
-    shape = json.dumps({"type": kind, "name": name}, ensure_ascii=False)
+    shape = json.dumps({"type": kind, "name": name} if api == "responses"
+                       else {"type": kind, kind: {"name": name}}, ensure_ascii=False)
     if kind == "custom":
         return f"{param} {quote(name)} is a custom tool, not a function: select it as {shape}."
     return f"{param} {quote(name)} is a function tool, not a custom tool: select it as {shape}."

@@ -55,7 +55,7 @@ class AllowedNames(CallFilter):
 
     For plain requests (``auto`` / ``required`` / named without ``allowed_tools``): the guard still
     stops calls to names that are not in the request at all. ``custom_names`` are the request's
-    Responses ``custom`` tools, which vLLM may emit as ``custom_tool_call`` items.
+    ``custom`` tools (Responses ``custom_tool_call`` items, Chat custom calls).
     """
 
     __slots__ = ("catalog", "custom_names", "builtin_types")

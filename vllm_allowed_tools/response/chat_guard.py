@@ -1,16 +1,21 @@
 """The stream guard for Chat Completions chunks: hold a call until its name is complete, judge it;
-judge its arguments when the call is complete, and a choice without a call where one is required."""
+judge its arguments (a custom call's input) when the call is complete, and a choice without a call
+where one is required. A custom tool's calls, which vLLM streams as function deltas, are turned
+into the client's custom deltas first (:mod:`.chat_custom`), so the guard judges what goes out."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from ..metrics import record_violation
+from .chat_custom import ChatCustomStream, UnreadableCustomCall
 from .contract import NAMES_ONLY, OutputContract
 from .violations import (
     ARGUMENTS_NOT_OBJECT,
+    CUSTOM_INPUT_INVALID,
     AllowedToolsViolation,
+    ArgumentsRefusal,
     CallFilter,
     arguments_violation,
     record_reason,
@@ -46,8 +51,10 @@ class ChatStreamGuard:
     backstops (a call required, arguments checked when each call is complete)."""
 
     def __init__(self, call_filter: CallFilter, *, source: str = "stream_guard",
-                 contract: OutputContract = NAMES_ONLY) -> None:
+                 contract: OutputContract = NAMES_ONLY, custom_names: Collection[str] = ()) -> None:
         self.call_filter = call_filter
+        #: the request's custom tools: their function deltas go out as custom deltas
+        self._custom = ChatCustomStream(custom_names) if custom_names else None
         self.contract = contract
         self.source = source
         self.terminal = False
@@ -66,6 +73,18 @@ class ChatStreamGuard:
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if self.terminal or self._finished:
             return []
+        if self._custom is not None:
+            try:
+                chunk = self._custom.feed(chunk)
+            except UnreadableCustomCall as exc:
+                return self._unreadable_custom(exc)
+        return self._feed(chunk)
+
+    def _unreadable_custom(self, exc: UnreadableCustomCall) -> list[dict[str, Any]]:
+        return self.refuse(arguments_violation(ArgumentsRefusal(CUSTOM_INPUT_INVALID, exc.detail),
+                                               exc.name, self.source, public_name=False))
+
+    def _feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         if not isinstance(chunk, dict):
             return self._release([chunk]) if not self._held else self._hold(chunk)
         if "error" in chunk and "choices" not in chunk:   # upstream's own error ends the stream
@@ -132,6 +151,15 @@ class ChatStreamGuard:
         """Upstream ended: every name is complete; returns the held chunks, or the error chunk."""
         if self.terminal or self._finished:
             return []
+        out: list[dict[str, Any]] = []
+        if self._custom is not None:
+            try:
+                for chunk in self._custom.finish():
+                    out += self._feed(chunk)
+            except UnreadableCustomCall as exc:
+                return self._unreadable_custom(exc)
+            if self.terminal:
+                return out
         self._finished = True
         failure = self._complete(lambda key: True)
         if failure is None and not self._upstream_error:
@@ -139,7 +167,7 @@ class ChatStreamGuard:
                 [c for c, info in self._choices.items() if info.finish is None], at_end=True)
         if failure is not None:
             return failure
-        return self._release([])
+        return out + self._release([])
 
     # -- internals
 
@@ -168,16 +196,20 @@ class ChatStreamGuard:
         return None
 
     def _judge(self, ended: set[Key]) -> list[dict[str, Any]] | None:
-        """Judge the arguments of every complete function call not judged yet; the failure output
-        if one is refused. The last call of a choice cut by the token limit (``length``) may be
-        unfinished: arguments that are not one JSON object pass there (strict ones still fail)."""
+        """Judge the arguments (a custom call's input) of every complete call not judged yet; the
+        failure output if one is refused. The last call of a choice cut by the token limit
+        (``length``) may be unfinished: arguments that are not one JSON object pass there (strict
+        ones still fail), and so does a custom input its grammar would not admit yet."""
         for key, state in self._calls.items():
-            if key not in ended or state.judged or state.kind != "function":
+            if key not in ended or state.judged:
                 continue
             name = "".join(state.name) or None
-            refused = self.contract.arguments_refusal(name, "".join(state.arguments))
             info = self._choices.get(key[0])
             cut = info is not None and info.finish == "length" and info.last == key
+            if state.kind == "custom":
+                refused = None if cut else self.contract.input_refusal(name, "".join(state.arguments))
+            else:
+                refused = self.contract.arguments_refusal(name, "".join(state.arguments))
             if refused is not None and not (cut and refused.reason == ARGUMENTS_NOT_OBJECT):
                 return self.refuse(arguments_violation(refused, name, self.source,
                                                        public_name=False))

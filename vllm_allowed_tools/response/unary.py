@@ -95,13 +95,14 @@ def check_responses_object(body: Mapping[str, Any], call_filter: CallFilter, *,
 
 def _chat_calls(message: Mapping[str, Any]) -> list[tuple[str, str | None, Any]]:
     """(kind, name, arguments) of a Chat message's calls (``tool_calls``, then the legacy
-    ``function_call``); ``arguments`` is None for a custom call's input."""
+    ``function_call``); ``arguments`` is a custom call's input."""
     calls = message.get("tool_calls")
     found = []
     for call in calls if isinstance(calls, list) else ():
         kind, name = chat_call_identity(call)
-        fn = call.get("function") if isinstance(call, Mapping) else None
-        found.append((kind, name, fn.get("arguments") if isinstance(fn, Mapping) else None))
+        body = call.get("custom" if kind == "custom" else "function") if isinstance(call, Mapping) else None
+        found.append((kind, name, body.get("input" if kind == "custom" else "arguments")
+                      if isinstance(body, Mapping) else None))
     legacy = message.get("function_call")
     if isinstance(legacy, Mapping):
         found.append(("function", flat_name(legacy.get("name")), legacy.get("arguments")))
@@ -122,9 +123,12 @@ def chat_choice_violation(choice: Mapping[str, Any], call_filter: CallFilter, so
             return refusal(call_filter, name, kind, source, public_name=True)
     length = choice.get("finish_reason") == "length"
     for position, (kind, name, arguments) in enumerate(calls):
-        refused = contract.arguments_refusal(name, arguments) if kind == "function" else None
-        if refused is None or (length and position == len(calls) - 1
-                               and refused.reason == ARGUMENTS_NOT_OBJECT):
+        last_cut = length and position == len(calls) - 1
+        if kind == "custom":   # a custom input its grammar does not admit (unless the limit cut it)
+            refused = None if last_cut else contract.input_refusal(name, arguments)
+        else:
+            refused = contract.arguments_refusal(name, arguments)
+        if refused is None or (last_cut and refused.reason == ARGUMENTS_NOT_OBJECT):
             continue
         return arguments_violation(refused, name, source, public_name=True)
     if contract.requires_call() and not calls and not length:
@@ -136,8 +140,9 @@ def check_chat_completion(body: Mapping[str, Any], call_filter: CallFilter, *,
                           source: str = "unary_guard",
                           contract: OutputContract = NAMES_ONLY) -> None:
     """Raise :class:`AllowedToolsViolation` if any ``choices[].message`` calls a refused tool
-    (``tool_calls[].function.name``, and the legacy ``function_call.name``), a function call's
-    arguments are refused, or a choice has no call where ``contract`` requires one."""
+    (``tool_calls[].function.name`` / ``.custom.name``, and the legacy ``function_call.name``), a
+    function call's arguments or a custom call's input are refused, or a choice has no call where
+    ``contract`` requires one."""
     choices = body.get("choices") if isinstance(body, Mapping) else None
     choices = [choice for choice in (choices if isinstance(choices, list) else ())
                if isinstance(choice, Mapping)]
