@@ -183,24 +183,28 @@ def test_decisions_are_by_template_and_method():
     assert decide("/v1/responses/{response_id}", "GET").decision == "stored"
 
 
-def test_a_gated_top_level_custom_tool_is_served_for_approval(served):
-    """Its calls are elicited like a function's: no 400 before generation (this app has no
-    engine, so what answers is vLLM's, never the approvals' refusal)."""
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "custom", "name": GATED,
+                                                 "description": "free-form"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "tools": [{"type": "custom", "custom": {"name": GATED}}]}),
+])
+def test_a_gated_top_level_custom_tool_is_served_for_approval(served, path, body):
+    """Its calls are elicited like a function's on Responses, decided before generation like a
+    function's on Chat: no 400 (this app has no engine, so what answers is vLLM's, never the
+    approvals' refusal)."""
     client, _ = served
-    body = {"model": "m", "input": "hi",
-            "tools": [{"type": "custom", "name": GATED, "description": "free-form"}]}
-    answer = client.post("/v1/responses", json=body)
+    answer = client.post(path, json={"model": "m", **body})
     assert "custom_tool_needs_approval" not in answer.text, answer.text
 
 
 @pytest.mark.parametrize(("path", "tool", "param"), [
     ("/v1/responses", {"type": "namespace", "name": "mail", "description": "Mail.", "tools": [
         {"type": "custom", "name": GATED}]}, "tools[0].tools[0]"),
-    ("/v1/chat/completions", {"type": "custom", "custom": {"name": GATED}}, "tools[0]"),
 ])
 def test_a_gated_custom_tool_the_catalog_does_not_model_is_refused(served, path, tool, param):
-    """A namespaced custom member (vLLM renders none), and Chat's custom shape where the resolver
-    has none: no call of theirs could be asked about, so they are refused before generation."""
+    """A namespaced custom member (vLLM renders none): no call of its could be asked about, so it
+    is refused before generation."""
     client, _ = served
     body = {"model": "m", "tools": [tool],
             **({"input": "hi"} if path == "/v1/responses" else

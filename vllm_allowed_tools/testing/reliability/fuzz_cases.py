@@ -74,7 +74,7 @@ CUSTOM_FORMATS = {
     "note": {"type": "text"},
 }
 #: the endpoints whose catalogs get custom tools
-CUSTOM_TOOL_APIS = ("responses",)
+CUSTOM_TOOL_APIS = ("responses", "chat")
 #: custom tools broken on purpose: a grammar that does not compile (lookahead, unbalanced Lark, a
 #: backreference) or a malformed ``format``
 CUSTOM_FAULTS = {
