@@ -4,6 +4,7 @@
                                      [--disconnects 16] [--json OUT]
     python benchmarks/reliability.py --base-url http://127.0.0.1:8000/v1 --server-pid PID ...
     python benchmarks/reliability.py --skip fuzz --skip load --skip faults   # grant-store faults only
+    python benchmarks/reliability.py --approvals --skip load --skip faults --skip store --skip kill
 
 Without ``--base-url`` it starts its own server (``vllm-allowed-tools serve-tiny``, random tiny
 model, the plugin on) and stops it at the end. ``--server-pid`` (the PID of the ``serve-tiny`` or
@@ -14,6 +15,8 @@ unexpected outcome, a stream not aborted), 2 when the run could not happen.
 
 The parts (fuzz, load, faults, store, kill) live in :mod:`vllm_allowed_tools.testing.reliability`,
 the same code the end-to-end tests run at a smaller size; benchmarks/README.md says what each checks.
+``--approvals`` serves its own server with an approval policy gating a function and a custom tool
+(:data:`FUZZ_GATED`): no call of theirs may come back (the fuzz never answers an approval).
 """
 
 from __future__ import annotations
@@ -113,12 +116,27 @@ def run_approval_faults(parts: list[str], rounds: int, kill_after: int, kill_cyc
     return outage, kill
 
 
+#: what ``--approvals`` gates: a pool function and a custom tool the fuzz's catalogs carry
+FUZZ_GATED = frozenset({"send_email", "decide"})
+
+
+def _fuzz_approval_env(folder: Path) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "store").mkdir(exist_ok=True)
+    policy = folder / "fuzz-approvals.json"
+    policy.write_text(json.dumps({"rules": [{"tools": sorted(FUZZ_GATED), "approval": "required",
+                                             "scopes": ["once", "session"]}]}))
+    return {"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
+            "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(folder / "store" / "grants.db")}
+
+
 def _server_parts(args: argparse.Namespace, base_url: str,
                   pid: int | None) -> tuple[Figures | None, Figures | None, Figures | None]:
     fuzz = load = faults = None
     if "fuzz" not in args.skip:
         log(f"fuzz: {args.fuzz_examples} examples ...")
-        fuzz = run_fuzz(base_url, args.fuzz_examples, strict=False, seed=args.seed)
+        fuzz = run_fuzz(base_url, args.fuzz_examples, strict=False, seed=args.seed,
+                        gated=FUZZ_GATED if args.approvals else frozenset())
         log(json.dumps({"fuzz": fuzz.as_dict()}))
     if "load" not in args.skip:
         log(f"load: {args.load_requests} concurrent x {args.load_rounds} rounds ...")
@@ -142,6 +160,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--base-url", default=None, help="use this server instead of starting one")
     parser.add_argument("--server-pid", type=int, default=None, help="for RSS with --base-url")
     parser.add_argument("--flavour", default="random", choices=["random", "tool-happy"])
+    parser.add_argument("--approvals", action="store_true",
+                        help="serve with an approval policy gating a function and a custom tool")
     parser.add_argument("--json", type=Path, default=None, help="write the raw figures here")
     parser.add_argument("--outage-rounds", type=int, default=5,
                         help="rounds of 6 requests during each grant-store outage")
@@ -181,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.base_url or only_approvals:
             base_url, pid = (args.base_url or "").rstrip("/"), args.server_pid
         else:
-            server = _start_server(args.flavour, Path(tempfile.gettempdir()))
+            folder = Path(tempfile.mkdtemp(prefix="reliability-"))
+            server = _start_server(args.flavour, folder,
+                                   env=_fuzz_approval_env(folder) if args.approvals else None)
             base_url, pid = server.base_url, server.process.pid
     except (RuntimeError, OSError) as exc:
         log(f"error: {exc}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -118,7 +118,8 @@ def _judge_4xx(case: Case, expect: Expect, observed: Observed, figures: Figures)
     return problems
 
 
-def _judge_2xx(case: Case, expect: Expect, observed: Observed, figures: Figures) -> list[str]:
+def _judge_2xx(case: Case, expect: Expect, observed: Observed, figures: Figures,
+               gated: frozenset[str] = frozenset()) -> list[str]:
     c, problems = figures.counts, []
     c["2xx"] += 1
     if expect.outcome in ("ours_400", "vllm_4xx"):
@@ -136,6 +137,11 @@ def _judge_2xx(case: Case, expect: Expect, observed: Observed, figures: Figures)
             c["violations_leaked"] += len(leaked)
             problems.append(f"calls outside the request's subset {sorted(expect.allowed)}: "
                             f"{leaked}")
+    unapproved = [name for name, _ in observed.calls if name in gated]
+    if unapproved:   # the fuzz never answers an approval: a gated call may only be asked about
+        c["gated_calls_leaked"] += len(unapproved)
+        c["violations_leaked"] += len(unapproved)
+        problems.append(f"gated calls released without an approval: {unapproved}")
     if observed.finish in ("completed", "stop", "tool_calls"):   # a cut-off input may be partial
         refused = [(name, text) for name, text in observed.calls
                    if name in expect.grammars and not expect.grammars[name].admits(text)]
@@ -155,8 +161,13 @@ def _judge_2xx(case: Case, expect: Expect, observed: Observed, figures: Figures)
     return problems
 
 
-def judge(case: Case, expect: Expect, observed: Observed, figures: Figures) -> list[str]:
-    """Record `observed` in `figures`; return what was wrong with it (empty: nothing)."""
+def judge(case: Case, expect: Expect, observed: Observed, figures: Figures,
+          gated: frozenset[str] = frozenset()) -> list[str]:
+    """Record `observed` in `figures`; return what was wrong with it (empty: nothing). ``gated``:
+    the tools the server's approval policy gates (their calls must never come back, and a valid
+    request may get the approvals' own 400, naming its field, instead of a 200)."""
+    if gated and expect.outcome == "ok":
+        expect = replace(expect, outcome="any")
     c = figures.counts
     c["requests"] += 1
     c[f"{case.api}_{'stream' if case.stream else 'unary'}"] += 1
@@ -170,7 +181,7 @@ def judge(case: Case, expect: Expect, observed: Observed, figures: Figures) -> l
     elif 400 <= status < 500:
         problems = _judge_4xx(case, expect, observed, figures)
     elif 200 <= status < 300:
-        problems = _judge_2xx(case, expect, observed, figures)
+        problems = _judge_2xx(case, expect, observed, figures, gated)
     else:
         c["other_status"] += 1
         problems = [f"HTTP {status}"]
@@ -217,9 +228,10 @@ KNOWN_BUGS: list[KnownBug] = [
 
 
 def run_fuzz(base_url: str, examples: int, *, strict: bool, seed: int | None = None,
-             figures: Figures | None = None) -> Figures:
+             figures: Figures | None = None, gated: frozenset[str] = frozenset()) -> Figures:
     """Send `examples` generated requests. `strict`: raise on the first problem (hypothesis then
-    shrinks it to a minimal failing request); otherwise record it and go on."""
+    shrinks it to a minimal failing request); otherwise record it and go on. ``gated``: the tools
+    the server's approval policy gates (see :func:`judge`)."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -240,7 +252,7 @@ def run_fuzz(base_url: str, examples: int, *, strict: bool, seed: int | None = N
             expect = expected(case)
             figures.counts[f"expect_{expect.outcome}"] += 1
             observed = send_sync(client, base_url, case.api, case.body, case.stream)
-            problems = judge(case, expect, observed, figures)
+            problems = judge(case, expect, observed, figures, gated)
             if strict and problems:
                 raise AssertionError(f"{case.describe()}\n-> " + "\n-> ".join(problems))
 
