@@ -171,3 +171,54 @@ def test_chat_a_function_named_as_a_custom_tool_is_a_400_naming_the_field(random
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == "tool_choice.custom.name" and "is a function tool" in error["message"]
+
+
+# ------------------------------------------------------------------------------- auto mode
+
+def trigger_bias() -> dict[str, float]:
+    """``logit_bias`` pushing the random model onto hermes' ``<tool_call>`` token, so an ``auto``
+    turn opens calls at once (what follows the trigger is the grammar's)."""
+    from vllm_allowed_tools.testing.format_model import writing_nudges
+    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    return writing_nudges(ensure_model("random", log=lambda *_: None), {"<tool_call>": 30.0})
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_auto_calls_only_the_selected_custom_tool_with_an_input_its_grammar_admits(server, seed, stream):
+    """``auto`` over the custom tool (the function is offered, not selected): with the trigger
+    pushed the model calls at once, and every call is the custom tool with an admitted input."""
+    body = request_body(seed, stream, logit_bias=trigger_bias())
+    body["tool_choice"]["mode"] = "auto"
+    response = streamed(server, body)[-1]["response"] if stream else unary(server, body)
+    calls = [item for item in response["output"] if item["type"] in ("function_call", "custom_tool_call")]
+    assert calls, response["output"]
+    for call in calls:
+        assert (call["type"], call["name"]) == ("custom_tool_call", "short"), call
+        assert call["input"] in ADMITTED, call
+    chat = chat_body(seed, False)
+    chat["tool_choice"]["allowed_tools"]["mode"] = "auto"
+    chat["logit_bias"] = trigger_bias()
+    message = chat_unary(server, chat)["choices"][0]["message"]
+    assert message.get("tool_calls"), message
+    for call in message["tool_calls"]:
+        assert call["type"] == "custom" and call["custom"]["name"] == "short", call
+        assert call["custom"]["input"] in ADMITTED, call
+
+
+@pytest.mark.parametrize("api", ["responses", "chat"])
+def test_a_grammar_that_does_not_compile_is_a_400_naming_its_definition(random_server, api):
+    """A lookahead (xgrammar's regexes have none): refused before generation, the field named."""
+    broken = {"type": "grammar", "syntax": "regex", "definition": "(?=a)a+"}
+    if api == "responses":
+        body = request_body(0, False)
+        body["tools"] = [EXEC, {**SHORT, "format": broken}]
+        path, param = "responses", "tools[1].format.definition"
+    else:
+        body = chat_body(0, False)
+        body["tools"] = [CHAT_EXEC, {"type": "custom", "custom": {**CHAT_SHORT["custom"], "format": broken}}]
+        path, param = "chat/completions", "tools[1].custom.format.definition"
+    response = httpx.post(f"{random_server.base_url}/{path}", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and "does not compile" in error["message"], error
