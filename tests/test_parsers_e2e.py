@@ -369,7 +369,8 @@ def test_mistral_required_schema_matches_the_parsers_call_format(glue, api):
     from vllm_allowed_tools.formats import wire_format
     # the array as a grammar (decode/safe_json.py's strings) of the format's schema
     grammar = xgrammar.Grammar.from_structural_tag(request.structured_outputs.structural_tag)
-    ticket = next(tool.function for tool in request.tools if tool.function.name == "get_ticket")
+    ticket = next(function for function in (getattr(tool, "function", None) or tool for tool in request.tools)
+                  if function.name == "get_ticket")
     schema = call_array_schema("mistral", [AllowedFunction("get_ticket", ticket.parameters, ticket.strict)],
                                parallel_tool_calls=False)
     # the one output the schema admits for get_ticket(priority=high)
