@@ -28,15 +28,14 @@ from constraint_stage import (
     tiny_tokenizer_info,
 )
 
-from vllm_allowed_tools.decode.grammar import build_structural_tag
+from vllm_allowed_tools.decode.grammar import call_array_schema
 
 TOOL_COUNTS = (1, 4, 16, 64)
 
 
 def required_schema(count: int) -> dict[str, Any]:
-    """The allowed subset's required-mode grammar of a JSON-array format: a JSON schema."""
-    tag = build_structural_tag("mistral", rich_functions(count), "required", parallel_tool_calls=True)
-    return tag.format.json_schema
+    """The allowed subset's required-mode JSON schema of a JSON-array format (what outlines gets)."""
+    return call_array_schema("mistral", rich_functions(count), parallel_tool_calls=True)
 
 
 def answer_text(count: int) -> str:

@@ -36,6 +36,7 @@ from vllm_allowed_tools.decode.grammar import (
     cached_subset_tag,
     build_structural_tag,
     built,
+    call_array_schema,
     clear_tag_cache,
     tag_cache_stats,
 )
@@ -60,7 +61,8 @@ def test_builder_refuses_bad_input(kwargs, message):
 def test_json_array_formats_have_no_auto_grammar_and_a_required_array():
     assert build_structural_tag("mistral", FUNCTIONS[:2], "auto") is None
     tag = build_structural_tag("pythonic", FUNCTIONS[:2], "required", parallel_tool_calls=False)
-    schema = tag.format.json_schema
+    assert tag.format.type == "grammar"   # the schema's JSON through decode/safe_json.py
+    schema = call_array_schema("pythonic", FUNCTIONS[:2], parallel_tool_calls=False)
     assert schema["minItems"] == 1 and schema["maxItems"] == 1
     assert [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]] == \
         [["tool_0"], ["tool_1"]]

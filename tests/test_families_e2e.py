@@ -42,12 +42,6 @@ FAMILIES = ["deepseek_v3", "deepseek_v31", "kimi_k2", "glm47", "minimax_m2", "ll
 ALIASES = {"glm45": "glm47", "llama4_json": "llama3_json", "qwen3_xml": "qwen3_coder"}
 #: the native stage for one format per kind of grammar (xgrammar's, vLLM's, ours renamed)
 NATIVE_SAMPLE = ["kimi_k2", "minimax_m2", "seed_oss"]
-#: what vLLM's own parser cannot do (the same with vanilla vLLM and the base parser): strict xfails
-STREAMED_REQUIRED_LIMITS = {
-    "granite": "vLLM 0.32 streams an engine-based parser's required turn through its JSON-array "
-               "reader with only each delta as the text so far (StreamState.advance), so no call "
-               "streams; unary parses it. The output guard turns the call-less stream into an "
-               "allowed_tools_violation (required_without_call)"}
 STAGES = {"default": {}, "native": {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}}
 SEEDS = (0, 1)
 MAX_TOKENS = 160
@@ -163,13 +157,6 @@ def test_a_streamed_required_answer_is_the_unary_one(served, seed):
     catalog, subset = catalog_and_subset(seed)
     request = chat_request(family, catalog, "required", subset, seed)
     unary = chat_answer(server.client(), request, stream=False)
-    if family in STREAMED_REQUIRED_LIMITS:
-        # vLLM streams no call: the backstop ends the stream with an error, never a `stop` without
-        # a call (xfailed strictly while vLLM's parser is the limit)
-        with pytest.raises(openai.APIError, match="required_without_call"):
-            chat_answer(server.client(), request, stream=True)
-        assert unary
-        pytest.xfail(STREAMED_REQUIRED_LIMITS[family])
     streamed = chat_answer(server.client(), request, stream=True)
     # the same calls; JSON-array formats stream the arguments as written, unary re-serialized
     same = [(name, json.loads(arguments)) for name, arguments in streamed] == \

@@ -12,7 +12,13 @@ import textwrap
 
 import pytest
 
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, format_markers, with_object_arguments
+from vllm_allowed_tools.decode.grammar import (
+    AllowedFunction,
+    build_structural_tag,
+    call_array_schema,
+    format_markers,
+    with_object_arguments,
+)
 from vllm_allowed_tools.decode.marker_tokens import with_marker_tokens
 from vllm_allowed_tools.formats import (
     GrammarSpec,
@@ -261,8 +267,8 @@ def test_every_argument_slot_admits_only_an_object(name):
         ToolParserManager.get_tool_parser(name)   # registers the builder vLLM keeps with its parser
     loose = [AllowedFunction("t1", None, strict=None), AllowedFunction("t2", {}, strict=True)]
     tag = build_structural_tag(name, loose, "required", parallel_tool_calls=False)
-    if wire_format(name).grammar.kind == "json_array":   # one schema: the array of calls
-        grammar = xgrammar.Grammar.from_json_schema(json.dumps(tag.format.json_schema))
+    if wire_format(name).grammar.kind == "json_array":   # one grammar: the array of calls
+        grammar = xgrammar.Grammar.from_structural_tag(tag)
         key = wire_format(name).grammar.arguments_key
         assert _is_grammar_accept_string(grammar, '[{"name": "t1", "%s": {"a": 1}}]' % key)
         assert not _is_grammar_accept_string(grammar, '[{"name": "t1", "%s": "unit{"}]' % key)
@@ -367,8 +373,9 @@ def test_json_array_formats_have_no_structural_tag_and_vllms_array_envelope(name
     from vllm.tool_parsers.utils import get_json_schema_from_tools
     assert ToolParserManager.get_tool_parser(name).structural_tag_model is None
     assert build_structural_tag(name, allowed_functions(), "auto") is None
-    ours = build_structural_tag(name, allowed_functions(), "required",
-                                parallel_tool_calls=parallel).format.json_schema
+    tag = build_structural_tag(name, allowed_functions(), "required", parallel_tool_calls=parallel)
+    assert tag.format.type == "grammar"   # the array's safe_json grammar (test below), of this schema:
+    ours = call_array_schema(name, allowed_functions(), parallel_tool_calls=parallel)
     theirs = get_json_schema_from_tools("required", [FunctionTool(type="function", name=n, parameters=SCHEMA)
                                                      for n in ALLOWED], parallel_tool_calls=parallel)
     envelope = ("type", "minItems", "maxItems")
@@ -383,6 +390,27 @@ def test_json_array_formats_have_no_structural_tag_and_vllms_array_envelope(name
         assert all(key in item["properties"] for item in theirs["items"]["anyOf"])
     else:
         assert key == "arguments" and name == "mistral"   # _pre_v11_function_calls reads it
+
+
+@pytest.mark.parametrize("name", [n for n in FORMATS if wire_format(n).grammar.kind == "json_array"])
+def test_json_array_strings_spell_no_marker_and_no_lone_surrogate(name):
+    """The required array is xgrammar's JSON grammar of the schema through decode/safe_json.py, as
+    every tag's JSON slots: a string cannot spell the format's markers (its parser takes one for
+    the marker) nor a lone surrogate escape (vLLM's pydantic read of the array refuses it)."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+    tag = build_structural_tag(name, [AllowedFunction("t1", None, strict=None)], "required",
+                               parallel_tool_calls=False)
+    grammar = xgrammar.Grammar.from_structural_tag(tag)
+    key = wire_format(name).grammar.arguments_key
+
+    def call(value: str) -> str:
+        return '[{"name": "t1", "%s": {"a": %s}}]' % (key, value)
+    assert _is_grammar_accept_string(grammar, call('"x \\ud83d\\ude00 y"'))
+    assert not _is_grammar_accept_string(grammar, call('"\\udaaa"'))
+    assert not _is_grammar_accept_string(grammar, call("1e999"))
+    for marker in format_markers(name):
+        assert not _is_grammar_accept_string(grammar, call(json.dumps(f"a {marker} b"))), marker
 
 
 # ---------------------------------------------------------------------------- the parser classes

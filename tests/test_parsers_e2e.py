@@ -362,12 +362,23 @@ def test_mistral_required_schema_matches_the_parsers_call_format(glue, api):
                                    parallel_tool_calls=False, **request.model_extra)
     request = wrapper.adjust_request(request)
     assert request.extract_structured_outputs() is request.structured_outputs
-    schema = request.structured_outputs.json
-    schema = json.loads(schema) if isinstance(schema, str) else schema
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from vllm_allowed_tools.decode.grammar import AllowedFunction, call_array_schema
+    from vllm_allowed_tools.formats import wire_format
+    # the array as a grammar (decode/safe_json.py's strings) of the format's schema
+    grammar = xgrammar.Grammar.from_structural_tag(request.structured_outputs.structural_tag)
+    ticket = next(function for function in (getattr(tool, "function", None) or tool for tool in request.tools)
+                  if function.name == "get_ticket")
+    schema = call_array_schema("mistral", [AllowedFunction("get_ticket", ticket.parameters, ticket.strict)],
+                               parallel_tool_calls=False)
     # the one output the schema admits for get_ticket(priority=high)
-    key = next(k for k in schema["items"]["anyOf"][0]["properties"] if k != "name")
+    key = wire_format("mistral").grammar.arguments_key
+    assert key == next(k for k in schema["items"]["anyOf"][0]["properties"] if k != "name")
     output = json.dumps([{"name": "get_ticket", key: {"priority": "high"}}])
     jsonschema.validate(json.loads(output), schema)
+    assert _is_grammar_accept_string(grammar, output)
     info = wrapper.extract_tool_calls(output, request)
     assert [call.function.name for call in info.tool_calls] == ["get_ticket"]
     assert json.loads(info.tool_calls[0].function.arguments) == {"priority": "high"}

@@ -108,3 +108,23 @@ def test_without_a_policy_the_base_parser_streams(glue):
     base = streamed(tokenizer, "hermes", [HERMES], plain, 1)
     assert ours[0] == base[0] and _read(ours[1]) == _read(base[1])
     assert ours[2] == base[2]
+
+
+GRANITE = '[{"name": "get_ticket", "parameters": {"priority": "high"}}]'
+
+
+@pytest.mark.parametrize("size", [1, 4])
+def test_granites_required_array_streams_its_call(glue, size):
+    """granite's base parser is engine-based and leaves required turns to vLLM's JSON-array reader,
+    which a DelegatingParser over an engine-based parser hands each delta alone: no call streamed.
+    Under a policy the request, adjusted as the server adjusts it, is read by the wrapper
+    (vllm_glue/parsers.py _read_calls_with_the_parser); a plain request keeps vLLM's path."""
+    tokenizer = glue("allowed_granite")
+    request, plain = policy_request("required", ["get_ticket"], TWO_TOOLS)
+    request = served(tokenizer, "allowed_granite", request).adjust_request(request)
+    _, calls = unary(tokenizer, "allowed_granite", GRANITE, request)
+    content, read, _, _ = streamed(tokenizer, "allowed_granite", [GRANITE], request, size)
+    assert _read(read) == [(c.name, c.arguments) for c in calls] == [("get_ticket", '{"priority": "high"}')]
+    assert read[0][0] == 0 and read[0][1]
+    assert not content
+    assert served(tokenizer, "allowed_granite", plain).adjust_request(plain).tool_choice == "required"

@@ -161,12 +161,8 @@ def _vllm_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
                               turn.strict_level, turn.max_whitespace)
 
 
-def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
-    """Required mode: a JSON array of ``{"name", <arguments_key>}`` calls (what vLLM's serving
-    layer, or the format's parser, reads for these formats); auto mode has no trigger to hang a
-    grammar on."""
-    if turn.mode == "auto":
-        return None
+def _call_array(spec: GrammarSpec, turn: _Turn) -> dict[str, Any]:
+    """The JSON schema of required mode's array of ``{"name", <arguments_key>}`` calls."""
     key = spec.arguments_key
     calls = [{"type": "object", "properties": {
         "name": {"type": "string", "enum": [function.name]},
@@ -175,7 +171,41 @@ def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
     schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
     if not turn.parallel:
         schema["maxItems"] = 1
-    return StructuralTag(format=JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=turn.max_whitespace))
+    return schema
+
+
+def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
+    """Required mode: a JSON array of ``{"name", <arguments_key>}`` calls (what vLLM's serving
+    layer, or the format's parser, reads for these formats), as a JSON-schema node (made a
+    :mod:`.safe_json` grammar node in :func:`build_structural_tag`, after custom inputs are
+    checked); auto mode has no trigger to hang a grammar on."""
+    if turn.mode == "auto":
+        return None
+    return StructuralTag(format=JSONSchemaFormat(json_schema=_call_array(spec, turn),
+                                                 max_whitespace_cnt=turn.max_whitespace))
+
+
+def call_array_schema(wire_format_name: str, functions: Sequence[AllowedFunction], *,
+                      parallel_tool_calls: bool = True, strict_level: int = STRICT_FUNCTION) -> dict[str, Any]:
+    """The JSON schema of a JSON-array format's required turn over ``functions``: the language of
+    :func:`build_structural_tag`'s grammar for it, but for what :mod:`.safe_json` takes out (a
+    marker or a lone surrogate escape inside a string, non-finite numbers). For a backend that
+    compiles JSON schemas but no grammars (outlines)."""
+    spec = wire_format(wire_format_name).grammar
+    if spec.kind != "json_array":
+        raise ValueError(f"{wire_format_name} is no JSON-array format")
+    turn = _Turn(functions=marked(functions), mode="required", parallel=parallel_tool_calls,
+                 strict_level=max(strict_level, STRICT_FUNCTION), max_whitespace=None)
+    return _call_array(spec, turn)
+
+
+def _safe_call_array(tag: StructuralTag, wire_format_name: str) -> StructuralTag:
+    """A JSON-array turn's tag as one grammar node: xgrammar's EBNF of the array, whose strings
+    cannot spell the format's markers (vLLM's parser takes one for the marker: no call) nor a lone
+    surrogate escape (the serving layer's pydantic read refuses it), its numbers finite."""
+    ebnf = _json_ebnf(tag.format.model_dump())
+    return StructuralTag.model_validate(
+        {"format": {"type": "grammar", "grammar": safe_json_ebnf(ebnf, format_markers(wire_format_name))}})
 
 
 def _code(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
@@ -202,8 +232,10 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
                  strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
                  max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
     tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), functions, wire_format(wire_format_name).name)
-    if tag is None or spec.kind == "json_array":   # a JSON array's calls are typed above
+    if tag is None:
         return tag
+    if spec.kind == "json_array":   # a JSON array's calls are typed above
+        return _safe_call_array(tag, wire_format_name)
     tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line,
                                 markers=format_markers(wire_format_name))
     return with_marker_tokens(tag, dict(spec.marker_tokens))   # after: it reads ends as text

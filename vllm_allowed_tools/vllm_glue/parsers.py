@@ -24,9 +24,11 @@ from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
-from .capabilities import active_constraint_stage
+from ..decode.grammar import call_array_schema
+from .capabilities import active_constraint_stage, json_schema_stays_native
 from .stream_calls import UnaryStream, with_calls
 from .turn_grammar import (
+    allowed_functions,
     request_subset_tag,
     function_tools,
     hand_grammar_to_logits_processor,
@@ -35,9 +37,22 @@ from .turn_grammar import (
 )
 
 try:  # vLLM 0.32 / 0.33
-    from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
+    from vllm.entrypoints.generate.base.protocol import (
+        DeltaMessage,
+        ExtractedToolCallInformation,
+        FunctionCall,
+        FunctionDefinition,
+        ToolCall,
+    )
 except ImportError:  # pragma: no cover - older layout
-    from vllm.entrypoints.openai.engine.protocol import DeltaMessage, ExtractedToolCallInformation
+    from vllm.entrypoints.openai.engine.protocol import (
+        DeltaMessage,
+        ExtractedToolCallInformation,
+        FunctionCall,
+        FunctionDefinition,
+        ToolCall,
+    )
+from pydantic import TypeAdapter, ValidationError
 
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.structural_tag_registry import limit_to_single_tool_call
@@ -129,6 +144,7 @@ class AllowedToolsMixin:
             request = self._ensure_structural_tag(request, allowlist)
         elif allowlist.mode == "required" and allowlist.allowed:
             request = self._ensure_call_array(request, allowlist)
+            self._read_calls_with_the_parser(request)
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
@@ -145,12 +161,34 @@ class AllowedToolsMixin:
             raise CapabilityError(
                 f"the {self.allowed_tools_base_parser!r} format produced no grammar for a required "
                 "turn", capability="structural_tag", status=500)
-        request.structured_outputs = StructuredOutputsParams(json=tag.tag.format.json_schema)
+        schema = None
+        if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
+            schema = call_array_schema(self.allowed_tools_base_parser, allowed_functions(request, allowlist),
+                                       parallel_tool_calls=allowlist.parallel_tool_calls)
+        if schema is not None and json_schema_stays_native(schema):
+            # a backend that compiles this JSON schema but no grammar (outlines) keeps the schema:
+            # its strings may then spell a marker or a lone surrogate (docs/decode-path.md)
+            request.structured_outputs = StructuredOutputsParams(json=schema)
+        else:   # the array as a safe_json grammar node (decode/grammar.py _safe_call_array)
+            request.structured_outputs = StructuredOutputsParams(structural_tag=tag.json)
         if hasattr(request, "response_format"):
             request.response_format = None
         if hasattr(request, "text") and not hasattr(request, "messages"):
             request.text = None
         return request
+
+    def _read_calls_with_the_parser(self, request) -> None:
+        """A required turn of a JSON-array format whose base parser is engine-based (granite) is
+        read by this parser, as an auto turn is: vLLM's serving layer reads a required turn of a
+        ``supports_required_and_named`` parser with its own JSON-array reader, which in a stream
+        reads ``current_text``, and a DelegatingParser over an engine-based parser hands it each
+        delta alone, so no call ever streamed. vLLM decides by ``request.tool_choice`` (the stream's
+        parser is another instance than this one, built after this call): the request says
+        ``auto``; the grammar set above still forces the array of allowed calls, the allowlist
+        (``mode: required``) still tells this wrapper the output is all call, and the middleware
+        echoes the client's own ``tool_choice``. Requests without a policy never get here."""
+        if request.tool_choice == "required" and self._array_starves_in_a_stream():
+            request.tool_choice = "auto"
 
     def _ensure_structural_tag(self, request, allowlist: WireAllowlist):
         from vllm import envs
@@ -190,6 +228,32 @@ class AllowedToolsMixin:
         return allowlist.mode == "required" and \
             wire_format(self.allowed_tools_base_parser).required_output_is_all_call
 
+    def _reads_the_array(self, allowlist: WireAllowlist) -> bool:
+        """Whether this wrapper reads a required turn's JSON array itself, as vLLM's serving layer
+        would (:meth:`_read_calls_with_the_parser`: a base parser that reads only the array after
+        its marker, granite's, sees none in a bare array)."""
+        return allowlist.mode == "required" and self._array_starves_in_a_stream()
+
+    @classmethod
+    def _array_starves_in_a_stream(cls) -> bool:
+        """A JSON-array format whose base parser leaves required turns to vLLM's JSON-array reader
+        and is engine-based (the class's flag: a stream sets the instance's, see
+        :meth:`extract_tool_calls_streaming`)."""
+        return cls.supports_required_and_named and cls.engine_based_streaming \
+            and wire_format(cls.allowed_tools_base_parser).grammar.kind == "json_array"
+
+    @staticmethod
+    def _required_array(model_output: str) -> ExtractedToolCallInformation:
+        """vLLM's serving-layer read of a required turn (DelegatingParser._extract_tool_calls:
+        ``list[FunctionDefinition]`` from the whole output, ``parameters`` as the arguments)."""
+        try:
+            parsed = TypeAdapter(list[FunctionDefinition]).validate_json(model_output or "")
+        except ValidationError:
+            parsed = []
+        calls = [ToolCall(function=FunctionCall(name=call.name, arguments=json.dumps(
+            call.parameters, ensure_ascii=False))) for call in parsed]
+        return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=None)
+
     def _text_before_calls(self, content: str | None, raw: str, allowlist: WireAllowlist) -> str | None:
         """The ``content`` the base parser made of ``raw``, without anything from the first call
         start in ``raw`` on: only what both say comes before it (base parsers may drop a marker
@@ -212,7 +276,8 @@ class AllowedToolsMixin:
         ignores the content of a parse without calls and sends the raw model output as text, markup
         and all; with ``tools_called`` it takes this content and the (possibly empty) call list.
         """
-        info = super().extract_tool_calls(model_output, request)
+        info = self._required_array(model_output) if self._reads_the_array(allowlist) else \
+            super().extract_tool_calls(model_output, request)
         if not info.tools_called:
             triggers = self._call_triggers()
             last = max((model_output.rfind(trigger) for trigger in triggers), default=-1)
