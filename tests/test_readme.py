@@ -235,25 +235,43 @@ def test_readme_prose_names_what_exists() -> None:
     assert not problems, "\n".join(problems)
 
 
-def _parser_table() -> dict[str, str]:
-    """The README's parser table: each parser named in the first column -> the `auto` column."""
+def _parser_table() -> dict[str, tuple[str, str]]:
+    """The README's parser table: each parser named in the first column -> the `auto` column and
+    the custom tool input column."""
     table = {}
     for line in README.read_text().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) == 3 and "`allowed_" in cells[0]:
+        if len(cells) == 4 and "`allowed_" in cells[0]:
             for name in re.findall(r"`(allowed_[a-z0-9_]+)`", cells[0]):
-                table[name] = cells[2]
+                table[name] = (cells[2], cells[3])
     return table
 
 
+def _custom_input_carried_as(parser: str) -> str:
+    """What the format's required grammar makes of a custom tool's input, as the table says it."""
+    import vllm.parser.harmony  # noqa: F401 (registers vLLM's harmony tag builder)
+
+    from vllm_allowed_tools.decode.custom_capability import carries_custom_inputs
+    from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+    name = wire_format(parser).name
+    if not carries_custom_inputs(name, "required"):
+        return "`auto` only (guard)"
+    tag = build_structural_tag(name, [AllowedFunction("probe", None, None, input_grammar='root ::= "x"')],
+                               "required", parallel_tool_calls=False)
+    return "JSON string" if '{\\"input\\": \\"' in json.dumps(tag.model_dump()) else "raw value"
+
+
 def test_parser_table_lists_every_parser_and_what_auto_gets() -> None:
-    """Every registered format's parser has a row, and the `auto` column says "guard only" exactly
-    for the formats whose auto mode has no grammar (JSON-array formats)."""
+    """Every registered format's parser has a row, the `auto` column says "guard only" exactly for
+    the formats whose auto mode has no grammar (JSON-array formats), and the custom tool input
+    column says how the format's grammar carries a custom tool's input."""
     table = _parser_table()
     assert set(table) == {f.parser_name for f in wire_formats()}
-    wrong = {name: auto for name, auto in table.items()
+    wrong = {name: auto for name, (auto, _) in table.items()
              if (auto == "guard only") != (wire_format(name).grammar.kind == "json_array")}
     assert not wrong, wrong
+    carried = {name: (custom, _custom_input_carried_as(name)) for name, (_, custom) in table.items()}
+    assert all(said == built for said, built in carried.values()), carried
 
 
 def test_readme_python_blocks_run_as_written(tmp_path) -> None:

@@ -24,52 +24,27 @@ from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
-from ..decode.grammar import call_array_schema
-from .capabilities import active_constraint_stage, json_schema_stays_native
-from .stream_calls import UnaryStream, with_calls
+from .call_arrays import read_required_array, required_array_grammar, without_client_formats
+from .capabilities import active_constraint_stage
+from .stream_calls import ReleasedStream, UnaryStream, call_start, with_calls
 from .turn_grammar import (
-    allowed_functions,
-    request_subset_tag,
     function_tools,
     hand_grammar_to_logits_processor,
     plain_request_tag,
+    request_subset_tag,
     tool_name,
 )
 
 try:  # vLLM 0.32 / 0.33
-    from vllm.entrypoints.generate.base.protocol import (
-        DeltaMessage,
-        ExtractedToolCallInformation,
-        FunctionCall,
-        FunctionDefinition,
-        ToolCall,
-    )
+    from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
 except ImportError:  # pragma: no cover - older layout
-    from vllm.entrypoints.openai.engine.protocol import (
-        DeltaMessage,
-        ExtractedToolCallInformation,
-        FunctionCall,
-        FunctionDefinition,
-        ToolCall,
-    )
-from pydantic import TypeAdapter, ValidationError
+    from vllm.entrypoints.openai.engine.protocol import DeltaMessage, ExtractedToolCallInformation
 
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.structural_tag_registry import limit_to_single_tool_call
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 
 logger = logging.getLogger(__name__)
-
-def call_start(text: str, triggers: Sequence[str]) -> int | None:
-    """Where the first call starts in ``text``: the first trigger, or a trailing piece of one that
-    more text could complete (a trigger cut off by the token limit); None when there is none."""
-    found = [index for index in (text.find(trigger) for trigger in triggers) if index != -1]
-    if found:
-        return min(found)
-    pieces = [size for trigger in triggers for size in range(min(len(trigger) - 1, len(text)), 0, -1)
-              if text.endswith(trigger[:size])]
-    return len(text) - max(pieces) if pieces else None
-
 
 def request_allowlist(request: Any) -> WireAllowlist | None:
     """The turn's allowlist, as the middleware attached it (None: a plain request)."""
@@ -155,27 +130,9 @@ class AllowedToolsMixin:
         """Required mode of a JSON-array format: the registry's array of allowed calls, on both
         APIs (base parsers set their own only on some: Mistral's on Chat Completions, none on
         Responses, where the model then wrote free text and the turn ended with no call)."""
-        tag = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
-                                 ToolStrictLevel.FUNCTION)
-        if tag is None:
-            raise CapabilityError(
-                f"the {self.allowed_tools_base_parser!r} format produced no grammar for a required "
-                "turn", capability="structural_tag", status=500)
-        schema = None
-        if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
-            schema = call_array_schema(self.allowed_tools_base_parser, allowed_functions(request, allowlist),
-                                       parallel_tool_calls=allowlist.parallel_tool_calls)
-        if schema is not None and json_schema_stays_native(schema):
-            # a backend that compiles this JSON schema but no grammar (outlines) keeps the schema:
-            # its strings may then spell a marker or a lone surrogate (docs/decode-path.md)
-            request.structured_outputs = StructuredOutputsParams(json=schema)
-        else:   # the array as a safe_json grammar node (decode/grammar.py _safe_call_array)
-            request.structured_outputs = StructuredOutputsParams(structural_tag=tag.json)
-        if hasattr(request, "response_format"):
-            request.response_format = None
-        if hasattr(request, "text") and not hasattr(request, "messages"):
-            request.text = None
-        return request
+        request.structured_outputs = required_array_grammar(self.allowed_tools_base_parser, request,
+                                                            allowlist)
+        return without_client_formats(request)
 
     def _read_calls_with_the_parser(self, request) -> None:
         """A required turn of a JSON-array format whose base parser is engine-based (granite) is
@@ -213,11 +170,7 @@ class AllowedToolsMixin:
         if not allowlist.parallel_tool_calls and not allowlist.server:
             limit_to_single_tool_call(tag)
         request.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
-        if hasattr(request, "response_format"):
-            request.response_format = None
-        if hasattr(request, "text") and not hasattr(request, "messages"):
-            request.text = None
-        return request
+        return without_client_formats(request)
 
     # ---------------------------------------------------------------- no call markup as text
     def _call_triggers(self) -> tuple[str, ...]:
@@ -242,18 +195,6 @@ class AllowedToolsMixin:
         return cls.supports_required_and_named and cls.engine_based_streaming \
             and wire_format(cls.allowed_tools_base_parser).grammar.kind == "json_array"
 
-    @staticmethod
-    def _required_array(model_output: str) -> ExtractedToolCallInformation:
-        """vLLM's serving-layer read of a required turn (DelegatingParser._extract_tool_calls:
-        ``list[FunctionDefinition]`` from the whole output, ``parameters`` as the arguments)."""
-        try:
-            parsed = TypeAdapter(list[FunctionDefinition]).validate_json(model_output or "")
-        except ValidationError:
-            parsed = []
-        calls = [ToolCall(function=FunctionCall(name=call.name, arguments=json.dumps(
-            call.parameters, ensure_ascii=False))) for call in parsed]
-        return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=None)
-
     def _text_before_calls(self, content: str | None, raw: str, allowlist: WireAllowlist) -> str | None:
         """The ``content`` the base parser made of ``raw``, without anything from the first call
         start in ``raw`` on: only what both say comes before it (base parsers may drop a marker
@@ -276,7 +217,7 @@ class AllowedToolsMixin:
         ignores the content of a parse without calls and sends the raw model output as text, markup
         and all; with ``tools_called`` it takes this content and the (possibly empty) call list.
         """
-        info = self._required_array(model_output) if self._reads_the_array(allowlist) else \
+        info = read_required_array(model_output) if self._reads_the_array(allowlist) else \
             super().extract_tool_calls(model_output, request)
         if not info.tools_called:
             triggers = self._call_triggers()
@@ -294,29 +235,9 @@ class AllowedToolsMixin:
         return ExtractedToolCallInformation(tools_called=tools_called, tool_calls=info.tool_calls,
                                             content=content)
 
-    def _stream_text(self, delta: DeltaMessage | None, current_text: str,
-                     allowlist: WireAllowlist) -> DeltaMessage | None:
-        """Streaming twin of :meth:`_text_before_calls`: the content the base parser releases is
-        forwarded only while it comes before the first call start in the text so far (a trailing
-        piece of a trigger waits for more text). ``current_text`` is the whole text so far, which
-        vLLM does not give an engine-based parser (it gets each delta alone): the wrapper's own."""
-        if delta is None or not delta.content:
-            return delta
-        state = self.__dict__.setdefault("_allowed_tools_text", {"seen": "", "sent": 0})
-        state["seen"] += delta.content
-        seen = state["seen"]
-        if self._all_call(allowlist):
-            limit = 0
-        else:
-            start = call_start(current_text, self._call_triggers())
-            limit = len(seen) if start is None else len(commonprefix([seen, current_text[:start]]))
-        release = seen[state["sent"]:limit] if limit > state["sent"] else ""
-        state["sent"] = max(state["sent"], limit)
-        if release == delta.content:
-            return delta
-        if not release and not delta.tool_calls and not getattr(delta, "reasoning", None):
-            return None
-        return delta.model_copy(update={"content": release or None})
+    def _released(self) -> ReleasedStream:
+        """What this stream has released so far (text and each call's verdict)."""
+        return self.__dict__.setdefault("_allowed_tools_released", ReleasedStream())
 
     # ---------------------------------------------------------------- output filtering
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
@@ -409,31 +330,9 @@ class AllowedToolsMixin:
 
     def _filter_stream(self, delta: DeltaMessage | None, current_text: str, allowlist: WireAllowlist,
                        final: bool = False) -> DeltaMessage | None:
-        delta = self._stream_text(delta, current_text, allowlist)
-        if delta is None or not delta.tool_calls:
-            return delta
-        state = self.__dict__.setdefault("_allowed_tools_stream", {"verdict": {}, "renumber": {}})
-        kept = []
-        for tool_delta in delta.tool_calls:
-            name = tool_delta.function.name if tool_delta.function is not None else None
-            verdict = state["verdict"].get(tool_delta.index)
-            if verdict is None and name:
-                verdict = allowlist.is_allowed(name)
-                if verdict and not allowlist.parallel_tool_calls and state["renumber"]:
-                    verdict = False   # a second call when only one is allowed
-                state["verdict"][tool_delta.index] = verdict
-                if verdict:
-                    state["renumber"][tool_delta.index] = len(state["renumber"])
-                elif final and any(allowed.startswith(name) for allowed in allowlist.allowed):
-                    logger.info("vllm-allowed-tools: dropped a call cut off in its name (%r)", name)
-                else:
-                    record_violation("parser")
-                    logger.warning("vllm-allowed-tools: dropped streamed call %r", name)
-            if verdict:   # unknown identity (None) or disallowed (False) never goes out
-                kept.append(tool_delta.model_copy(update={"index": state["renumber"][tool_delta.index]}))
-        if not kept and not delta.content and not getattr(delta, "reasoning", None):
-            return None
-        return delta.model_copy(update={"tool_calls": kept})
+        released = self._released()
+        delta = released.text(delta, current_text, self._call_triggers(), self._all_call(allowlist))
+        return released.calls(delta, allowlist, final=final)
 
 
 _CLASSES_LOCK = threading.Lock()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from os.path import commonprefix
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,17 @@ except ImportError:  # pragma: no cover - older layout
     from vllm.entrypoints.openai.engine.protocol import DeltaFunctionCall, DeltaMessage, DeltaToolCall
 
 logger = logging.getLogger(__name__)
+
+
+def call_start(text: str, triggers: Sequence[str]) -> int | None:
+    """Where the first call starts in ``text``: the first trigger, or a trailing piece of one that
+    more text could complete (a trigger cut off by the token limit); None when there is none."""
+    found = [index for index in (text.find(trigger) for trigger in triggers) if index != -1]
+    if found:
+        return min(found)
+    pieces = [size for trigger in triggers for size in range(min(len(trigger) - 1, len(text)), 0, -1)
+              if text.endswith(trigger[:size])]
+    return len(text) - max(pieces) if pieces else None
 
 
 @dataclass
@@ -72,3 +84,63 @@ def with_calls(delta: DeltaMessage | None, calls: list[DeltaToolCall]) -> DeltaM
     if not calls and not delta.tool_calls:
         return delta
     return delta.model_copy(update={"tool_calls": calls})
+
+
+@dataclass
+class ReleasedStream:
+    """What one stream has released under a policy: content only while it comes before the first
+    call start (a trailing piece of a trigger waits for more text), and each call's verdict, so a
+    call outside the allowlist, or a second one when parallel calls are off, never goes out."""
+    seen: str = ""
+    sent: int = 0
+    verdict: dict[int, bool | None] = field(default_factory=dict)
+    renumber: dict[int, int] = field(default_factory=dict)
+
+    def text(self, delta: DeltaMessage | None, current_text: str, triggers: Sequence[str],
+             all_call: bool) -> DeltaMessage | None:
+        """``delta`` with only the content that comes before the first call start of
+        ``current_text`` (the whole text so far, which vLLM does not give an engine-based parser:
+        the wrapper's own); ``all_call``: the whole output is call (a required JSON array)."""
+        if delta is None or not delta.content:
+            return delta
+        self.seen += delta.content
+        if all_call:
+            limit = 0
+        else:
+            start = call_start(current_text, triggers)
+            limit = len(self.seen) if start is None else len(commonprefix([self.seen, current_text[:start]]))
+        release = self.seen[self.sent:limit] if limit > self.sent else ""
+        self.sent = max(self.sent, limit)
+        if release == delta.content:
+            return delta
+        if not release and not delta.tool_calls and not getattr(delta, "reasoning", None):
+            return None
+        return delta.model_copy(update={"content": release or None})
+
+    def calls(self, delta: DeltaMessage | None, allowlist: Any, *, final: bool) -> DeltaMessage | None:
+        """``delta`` with only the allowed calls, renumbered; ``final``: the end of the stream, where
+        a name cut off by the token limit (a piece of an allowed name) is dropped uncounted."""
+        from ..metrics import record_violation
+        if delta is None or not delta.tool_calls:
+            return delta
+        kept = []
+        for tool_delta in delta.tool_calls:
+            name = tool_delta.function.name if tool_delta.function is not None else None
+            verdict = self.verdict.get(tool_delta.index)
+            if verdict is None and name:
+                verdict = allowlist.is_allowed(name)
+                if verdict and not allowlist.parallel_tool_calls and self.renumber:
+                    verdict = False   # a second call when only one is allowed
+                self.verdict[tool_delta.index] = verdict
+                if verdict:
+                    self.renumber[tool_delta.index] = len(self.renumber)
+                elif final and any(allowed.startswith(name) for allowed in allowlist.allowed):
+                    logger.info("vllm-allowed-tools: dropped a call cut off in its name (%r)", name)
+                else:
+                    record_violation("parser")
+                    logger.warning("vllm-allowed-tools: dropped streamed call %r", name)
+            if verdict:   # unknown identity (None) or disallowed (False) never goes out
+                kept.append(tool_delta.model_copy(update={"index": self.renumber[tool_delta.index]}))
+        if not kept and not delta.content and not getattr(delta, "reasoning", None):
+            return None
+        return delta.model_copy(update={"tool_calls": kept})

@@ -11,6 +11,7 @@ from typing import Any
 from ...request.rewrite import ALLOWLIST_KEY, TEMPLATE_KWARG
 from ..calls import chat_selection, responses_selection
 from ..tool_pool import POOL
+from .fuzz_custom import CUSTOM_FAULTS, CUSTOM_FORMATS, CUSTOM_TOOL_APIS, CustomName, custom_selector, custom_tool
 from .wire import MISSING, base_body
 
 FUZZ_MAX_TOKENS = 96             # enough for the random model to finish a required call
@@ -64,29 +65,6 @@ INPUT_FAULTS = {"chat": ["messages_not_list", "messages_empty", "messages_missin
                 "responses": ["input_not_text", "input_empty", "input_missing",
                               "max_tokens_negative", "max_tokens_string", "temperature_string",
                               "stream_not_bool", "model_unknown"]}
-#: custom tools a catalog may carry (grammar and text formats), each by its name
-CUSTOM_FORMATS = {
-    "decide": {"type": "grammar", "syntax": "lark", "definition": 'start: "yes" | "no" | "later"'},
-    "word": {"type": "grammar", "syntax": "regex", "definition": "[a-z]{1,8}"},
-    "patch": {"type": "grammar", "syntax": "lark", "definition": (
-        'start: "*** Begin Patch" LF "*** Add File: " NAME LF ("+" TEXT LF)+ "*** End Patch"\n'
-        'NAME: /[a-z]{1,8}\\.txt/\nTEXT: /[a-z "\\\\]{0,12}/\n%import common.LF\n')},
-    "note": {"type": "text"},
-}
-#: the endpoints whose catalogs get custom tools
-CUSTOM_TOOL_APIS = ("responses", "chat")
-#: custom tools broken on purpose: a grammar that does not compile (lookahead, unbalanced Lark, a
-#: backreference) or a malformed ``format``
-CUSTOM_FAULTS = {
-    "lookahead": {"type": "grammar", "syntax": "regex", "definition": "(?=a)a+"},
-    "backreference": {"type": "grammar", "syntax": "regex", "definition": "(a)\\1"},
-    "unbalanced_lark": {"type": "grammar", "syntax": "lark", "definition": 'start: ("a"'},
-    "unknown_syntax": {"type": "grammar", "syntax": "pcre", "definition": "a"},
-    "definition_missing": {"type": "grammar", "syntax": "lark"},
-    "definition_not_string": {"type": "grammar", "syntax": "lark", "definition": 5},
-    "format_type_bogus": {"type": "bogus"},
-    "format_not_object": "text",
-}
 RAW_BODIES = [b"{not json", b"[1, 2]", b'"x"', b"", b'{"model": "tiny", "messages": [',
               b"null", b"\xff\xfe"]
 
@@ -97,17 +75,6 @@ def _weighted(st, common: Any, rare: list[Any], common_weight: int) -> Any:
 
 def _tool(api: str, tool) -> dict[str, Any]:
     return tool.chat_tool() if api == "chat" else tool.responses_tool()
-
-
-def custom_tool(api: str, name: str, fmt: Any) -> dict[str, Any]:
-    """A ``custom`` tool in ``api``'s shape (Chat nests it under ``custom``, as it does functions)."""
-    inner = {"name": name, "description": f"The {name} tool.", "format": fmt}
-    return {"type": "custom", "custom": inner} if api == "chat" else {"type": "custom", **inner}
-
-
-def custom_selector(api: str, name: Any) -> dict[str, Any]:
-    return {"type": "custom", "custom": {"name": name}} if api == "chat" else \
-        {"type": "custom", "name": name}
 
 
 # ------------------------------------------------------------------------------- catalogs
@@ -217,10 +184,6 @@ def _draw_catalog(draw, st, api: str, faults: list[str]) -> tuple[Any, list[str]
         tools = _apply_catalog_fault(api, list(tools), catalog_fault, draw, st)
         faults.append(f"catalog:{catalog_fault}")
     return tools, names + [CustomName(name) for name in customs]
-
-
-class CustomName(str):
-    """A selectable name that is a custom tool's (selected by a ``custom`` entry)."""
 
 
 # ----------------------------------------------------------------------------- selections
