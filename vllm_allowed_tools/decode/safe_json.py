@@ -135,10 +135,29 @@ def _cut(ranges: Ranges, point: int) -> Ranges:
 
 
 def _class(ranges: Ranges) -> str:
+    """The shorter of ``ranges`` as a class and as the negated class of its complement (a state's
+    "any other character" class is all but a few characters)."""
     if ranges == [(_QUOTE, _QUOTE)]:
         return '"\\""'
-    return "[" + "".join(_class_text(low) if low == high else f"{_class_text(low)}-{_class_text(high)}"
-                         for low, high in ranges) + "]"
+    if len(ranges) == 1 and ranges[0][0] == ranges[0][1] and ranges[0][0] != _QUOTE:
+        char = chr(ranges[0][0])
+        if 0x20 < ranges[0][0] < 0x7F and char != "\\":
+            return f'"{char}"'
+    plain = "[" + _ranges_text(ranges) + "]"
+    complement, low = [], 0
+    for start, stop in ranges:
+        if start > low:
+            complement.append((low, start - 1))
+        low = stop + 1
+    if low <= MAX_CODEPOINT:
+        complement.append((low, MAX_CODEPOINT))
+    negated = "[^" + _ranges_text(complement) + "]"
+    return negated if complement and len(negated) < len(plain) else plain
+
+
+def _ranges_text(ranges: Ranges) -> str:
+    return "".join(_class_text(low) if low == high else f"{_class_text(low)}-{_class_text(high)}"
+                   for low, high in ranges)
 
 
 def clean_markers(markers: Iterable[str]) -> tuple[str, ...]:
@@ -149,11 +168,20 @@ def clean_markers(markers: Iterable[str]) -> tuple[str, ...]:
 
 def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahead: str = "") -> str:
     """EBNF rules (the entry rule ``name``) for a JSON string's content and closing quote whose raw
-    text never holds one of ``markers``; ``lookahead`` (``(=...)`` or empty) is put on each
-    content rule, as xgrammar puts its own on ``basic_string_sub``."""
-    automaton = _automaton(clean_markers(markers))
+    text never holds one of ``markers``; ``lookahead`` (``(=...)`` or empty) is put on the entry
+    rule, as xgrammar puts its own on ``basic_string_sub`` (every state rule is in tail position,
+    so it ends where the entry rule does). Printed compactly (the text
+    goes into every JSON slot of a tag): one rule per automaton state, each character class the
+    shorter of itself and its negated complement, the escapes (which start the automaton over)
+    one shared rule, a chain of single steps one sequence."""
+    return _string_rules(clean_markers(markers), name, lookahead)
+
+
+@lru_cache(maxsize=64)
+def _string_rules(markers: tuple[str, ...], name: str, lookahead: str) -> str:
+    automaton = _automaton(markers)
     rules: dict[str, str] = {}
-    escapes: dict[str, str | None] = {}
+    escapes: dict[tuple[int, int, int], str | None] = {}
     pending = [0]
 
     def state_rule(state: int) -> str:
@@ -162,27 +190,35 @@ def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahe
             pending.append(state)
         return rule
 
-    def escape_rule(steps: tuple[Ranges | None, ...], index: int, position: int, state: int) -> str | None:
-        """The rest of escape ``index`` from ``position`` in automaton ``state``, then the content;
-        None where every way on completes a marker."""
-        rule = f"{name}_e{index}_{position}_{state}"
-        if rule in escapes:
-            return escapes[rule]
+    def escape_expr(steps: tuple[Ranges | None, ...], index: int, position: int, state: int) -> str | None:
+        """The rest of escape ``index`` from ``position`` in automaton ``state``, then the content,
+        as an expression (a rule where it branches); None where every way on completes a marker."""
+        key = (index, position, state)
+        if key in escapes:
+            return escapes[key]
         if position == len(steps):
-            return state_rule(state)
-        if steps[position] is None:
-            rest = escape_rule(steps, index, position + 1, 0)
-            body = None if rest is None else '"\\\\" ' + rest
+            expr: str | None = state_rule(state)
+        elif steps[position] is None:
+            rest = escape_expr(steps, index, position + 1, 0)
+            expr = None if rest is None else '"\\\\" ' + rest
         else:
-            ways = [(chars, escape_rule(steps, index, position + 1, target))
+            ways = [(chars, escape_expr(steps, index, position + 1, target))
                     for target, chars in sorted(_split(automaton, state, steps[position]).items())]
-            ways = [(chars, rest) for chars, rest in ways if rest is not None]
-            body = " | ".join(f"({_class(chars)} {rest})" for chars, rest in ways) or None
-        escapes[rule] = None if body is None else rule
-        if body is not None:
-            rules[rule] = body
-        return escapes[rule]
+            ways = [f"{_class(chars)} {rest}" for chars, rest in ways if rest is not None]
+            if len(ways) > 1:
+                rule = f"{name}_e{index}_{position}_{state}"
+                rules[rule] = " | ".join(f"({way})" for way in ways)
+                expr = rule
+            else:
+                expr = ways[0] if ways else None
+        escapes[key] = expr
+        return expr
 
+    escape_ways = [way for index, steps in enumerate(_ESCAPES)
+                   if (way := escape_expr(steps, index, 0, 0)) is not None]
+    escape = f"{name}_esc"
+    if escape_ways:
+        rules[escape] = " | ".join(f"({way})" for way in escape_ways)
     while pending:
         state = pending.pop()
         rule = state_rule(state)
@@ -194,11 +230,10 @@ def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahe
             alternatives.append('("\\"")')
         for target, chars in sorted(_split(automaton, state, _RAW).items()):
             alternatives.append(f"({_class(chars)} {state_rule(target)})")
-        for index, steps in enumerate(_ESCAPES):
-            escape = escape_rule(steps, index, 0, 0)
-            if escape is not None:
-                alternatives.append(f'("\\\\" {escape})')
-        rules[rule] = "(" + " | ".join(alternatives) + ")" + (f" {lookahead}" if lookahead else "")
+        if escape_ways:
+            alternatives.append(f'("\\\\" {escape})')
+        # the lookahead on the entry rule only: every state rule ends where the entry rule does
+        rules[rule] = "(" + " | ".join(alternatives) + ")" + (f" {lookahead}" if lookahead and state == 0 else "")
     return "\n".join(f"{rule} ::= {body}" for rule, body in rules.items()) + "\n"
 
 
@@ -224,4 +259,26 @@ def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
         ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
     if "basic_integer" in bodies:
         ebnf = replace("basic_integer", _BOUNDED_INTEGER, ebnf)
-    return ebnf
+    return reachable(ebnf)
+
+
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def reachable(ebnf: str, root: str = "root") -> str:
+    """``ebnf`` without the rules ``root`` never reaches (xgrammar prints its whole JSON toolkit:
+    ``basic_escape``, ``basic_number_1`` ... once the rewrite replaced what used them), in its
+    order; returned as it is where a line is no ``name ::= body`` rule or there is no ``root``."""
+    lines = [line for line in ebnf.splitlines() if line.strip()]
+    rules = [_RULE.match(line) for line in lines]
+    if not all(rules) or root not in {rule.group(1) for rule in rules if rule}:
+        return ebnf
+    bodies = {rule.group(1): _LITERAL.sub(" ", rule.group(2)) for rule in rules if rule}
+    seen, pending = {root}, [root]
+    while pending:
+        for name in _NAME.findall(bodies[pending.pop()]):
+            if name in bodies and name not in seen:
+                seen.add(name)
+                pending.append(name)
+    return "\n".join(line for line, rule in zip(lines, rules) if rule and rule.group(1) in seen) + "\n"
