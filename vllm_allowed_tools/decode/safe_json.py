@@ -166,26 +166,32 @@ def clean_markers(markers: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({marker for marker in markers if marker and "\\" not in marker}))
 
 
-def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahead: str = "") -> str:
+def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahead: str = "",
+                 prefix: str | None = None) -> str:
     """EBNF rules (the entry rule ``name``) for a JSON string's content and closing quote whose raw
     text never holds one of ``markers``; ``lookahead`` (``(=...)`` or empty) is put on the entry
     rule, as xgrammar puts its own on ``basic_string_sub`` (every state rule is in tail position,
-    so it ends where the entry rule does). Printed compactly (the text
-    goes into every JSON slot of a tag): one rule per automaton state, each character class the
-    shorter of itself and its negated complement, the escapes (which start the automaton over)
-    one shared rule, a chain of single steps one sequence."""
-    return _string_rules(clean_markers(markers), name, lookahead)
+    so it ends where the entry rule does). The other rules are named ``prefix`` then a number
+    (``name + "_"`` unless given: a caller that knows the grammar's other names passes a short one).
+
+    Printed compactly, for the text goes into every JSON slot of a tag: one rule per automaton
+    state, its alternatives unparenthesized, each character class the shorter of itself and its
+    negated complement, the escapes (which start the automaton over) one shared rule, a chain of
+    single steps one sequence, and the ways every state shares with state 0 (the closing quote,
+    an escape, a marker's first character) one rule."""
+    return _string_rules(clean_markers(markers), name, lookahead, f"{name}_" if prefix is None else prefix)
 
 
 @lru_cache(maxsize=64)
-def _string_rules(markers: tuple[str, ...], name: str, lookahead: str) -> str:
+def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: str) -> str:
     automaton = _automaton(markers)
     rules: dict[str, str] = {}
     escapes: dict[tuple[int, int, int], str | None] = {}
     pending = [0]
+    escape = f"{prefix}e"
 
     def state_rule(state: int) -> str:
-        rule = name if state == 0 else f"{name}_s{state}"
+        rule = f"{prefix}{state}"
         if rule not in rules and state not in pending:
             pending.append(state)
         return rule
@@ -206,8 +212,8 @@ def _string_rules(markers: tuple[str, ...], name: str, lookahead: str) -> str:
                     for target, chars in sorted(_split(automaton, state, steps[position]).items())]
             ways = [f"{_class(chars)} {rest}" for chars, rest in ways if rest is not None]
             if len(ways) > 1:
-                rule = f"{name}_e{index}_{position}_{state}"
-                rules[rule] = " | ".join(f"({way})" for way in ways)
+                rule = f"{prefix}e{index}_{position}_{state}"
+                rules[rule] = " | ".join(ways)
                 expr = rule
             else:
                 expr = ways[0] if ways else None
@@ -216,25 +222,32 @@ def _string_rules(markers: tuple[str, ...], name: str, lookahead: str) -> str:
 
     escape_ways = [way for index, steps in enumerate(_ESCAPES)
                    if (way := escape_expr(steps, index, 0, 0)) is not None]
-    escape = f"{name}_esc"
     if escape_ways:
-        rules[escape] = " | ".join(f"({way})" for way in escape_ways)
+        rules[escape] = " | ".join(escape_ways)
+
+    def alternatives(state: int) -> list[str]:
+        found = ['"\\""'] if automaton.step(state, _QUOTE) not in automaton.dead else []
+        found += [f"{_class(chars)} {state_rule(target)}"
+                  for target, chars in sorted(_split(automaton, state, _RAW).items())]
+        return found + ([f'"\\\\" {escape}'] if escape_ways else [])
+
+    # the ways of state 0 but its "any other character" one (the quote, the escapes, each marker's
+    # first character): most states share them all (their failure link is state 0), so one rule
+    restart = f"{prefix}r"
+    shared = [way for way in alternatives(0) if not way.endswith(f" {prefix}0")]
     while pending:
         state = pending.pop()
         rule = state_rule(state)
         if rule in rules:
             continue
         rules[rule] = ""
-        alternatives = []
-        if automaton.step(state, _QUOTE) not in automaton.dead:
-            alternatives.append('("\\"")')
-        for target, chars in sorted(_split(automaton, state, _RAW).items()):
-            alternatives.append(f"({_class(chars)} {state_rule(target)})")
-        if escape_ways:
-            alternatives.append(f'("\\\\" {escape})')
-        # the lookahead on the entry rule only: every state rule ends where the entry rule does
-        rules[rule] = "(" + " | ".join(alternatives) + ")" + (f" {lookahead}" if lookahead and state == 0 else "")
-    return "\n".join(f"{rule} ::= {body}" for rule, body in rules.items()) + "\n"
+        ways = alternatives(state)
+        if len(shared) > 1 and all(way in ways for way in shared):
+            ways = [way for way in ways if way not in shared] + [restart]
+            rules[restart] = " | ".join(shared)
+        rules[rule] = " | ".join(ways)
+    entry = f"{name} ::= {prefix}0" + (f" {lookahead}" if lookahead else "")
+    return "\n".join([entry, *(f"{rule} ::= {body}" for rule, body in rules.items())]) + "\n"
 
 
 _RULE = re.compile(r"^(\w+) ::= (.*)$", re.MULTILINE)
@@ -254,7 +267,9 @@ def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
         found = _LOOKAHEAD.search(bodies["basic_string_sub"])
         lookahead = found.group(1) if found else ""
         ebnf = re.sub(r"^basic_string_sub ::= .*\n?", "", ebnf, count=1, flags=re.MULTILINE)
-        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(markers, "basic_string_sub", lookahead)
+        prefix = next(p for p in ("q", "qs_", "basic_string_sub_")
+                      if not any(rule.startswith(p) for rule in bodies))
+        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(markers, "basic_string_sub", lookahead, prefix)
     if "basic_number" in bodies:
         ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
     if "basic_integer" in bodies:
