@@ -124,6 +124,31 @@ def _split(automaton: _Automaton, state: int, ranges: Ranges) -> dict[int, Range
     return {target: _merged(chars) for target, chars in targets.items() if target not in automaton.dead}
 
 
+@lru_cache(maxsize=64)
+def _representatives(markers: tuple[str, ...]) -> dict[int, int]:
+    """Each live state of the markers' automaton -> the least state that behaves the same on every
+    text (Moore's partition refinement): the trie keeps a state per prefix, but the states after
+    ``<t`` and ``</t`` (``<tool_call>``, ``</tool_call>``) only differ in a marker they have both
+    yet to finish, and one rule serves them. Every character outside the markers leads to state
+    0 and an escape starts over, so the markers' characters (and the quote) tell states apart."""
+    automaton = _automaton(markers)
+    live = [state for state in range(len(automaton.goto)) if state not in automaton.dead]
+    chars = sorted(automaton.alphabet | {_QUOTE})
+    block = {state: 0 for state in live}
+    while True:
+        signatures = {state: (block[state], *(block.get(automaton.step(state, char), -1) for char in chars))
+                      for state in live}
+        numbers: dict[tuple[int, ...], int] = {}
+        refined = {state: numbers.setdefault(signature, len(numbers)) for state, signature in signatures.items()}
+        if len(numbers) == len(set(block.values())):
+            break
+        block = refined
+    least: dict[int, int] = {}
+    for state in live:
+        least.setdefault(block[state], state)
+    return {state: least[block[state]] for state in live}
+
+
 def _cut(ranges: Ranges, point: int) -> Ranges:
     out: Ranges = []
     for low, high in ranges:
@@ -175,7 +200,7 @@ def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahe
     (``name + "_"`` unless given: a caller that knows the grammar's other names passes a short one).
 
     Printed compactly, for the text goes into every JSON slot of a tag: one rule per automaton
-    state, its alternatives unparenthesized, each character class the shorter of itself and its
+    state (states that behave the same are one: :func:`_representatives`), its alternatives unparenthesized, each character class the shorter of itself and its
     negated complement, the escapes (which start the automaton over) one shared rule, a chain of
     single steps one sequence, and the ways every state shares with state 0 (the closing quote,
     an escape, a marker's first character) one rule."""
@@ -185,6 +210,15 @@ def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahe
 @lru_cache(maxsize=64)
 def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: str) -> str:
     automaton = _automaton(markers)
+    same = _representatives(markers)
+
+    def split(state: int, ranges: Ranges) -> dict[int, Ranges]:
+        """:func:`_split` with each target its representative."""
+        merged: dict[int, Ranges] = {}
+        for target, chars in _split(automaton, state, ranges).items():
+            merged.setdefault(same[target], []).extend(chars)
+        return {target: _merged(chars) for target, chars in merged.items()}
+
     rules: dict[str, str] = {}
     escapes: dict[tuple[int, int, int], str | None] = {}
     pending = [0]
@@ -209,7 +243,7 @@ def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: s
             expr = None if rest is None else '"\\\\" ' + rest
         else:
             ways = [(chars, escape_expr(steps, index, position + 1, target))
-                    for target, chars in sorted(_split(automaton, state, steps[position]).items())]
+                    for target, chars in sorted(split(state, steps[position]).items())]
             ways = [f"{_class(chars)} {rest}" for chars, rest in ways if rest is not None]
             if len(ways) > 1:
                 rule = f"{prefix}e{index}_{position}_{state}"
@@ -228,7 +262,7 @@ def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: s
     def alternatives(state: int) -> list[str]:
         found = ['"\\""'] if automaton.step(state, _QUOTE) not in automaton.dead else []
         found += [f"{_class(chars)} {state_rule(target)}"
-                  for target, chars in sorted(_split(automaton, state, _RAW).items())]
+                  for target, chars in sorted(split(state, _RAW).items())]
         return found + ([f'"\\\\" {escape}'] if escape_ways else [])
 
     # the ways of state 0 but its "any other character" one (the quote, the escapes, each marker's
