@@ -8,7 +8,9 @@ time and the tag's JSON size for an MCP-shaped catalog (benchmarks/mcp_tools.py)
 catalog again (the tag cache bypassed, per-slot caches warm), ``compile s`` compiling the built tag
 with a fresh single-threaded compiler over a small vocabulary, in CPU seconds (the
 best of ``--repeat``: wall time on a shared machine says more about the neighbours). ``--no-rewrite`` bypasses the rewrite (the slots
-keep xgrammar's own JSON EBNF): the figures before. Prints a Markdown table; nothing is asserted.
+keep xgrammar's own JSON EBNF, as grammar nodes): what the rewrite itself adds. The figures before
+safe_json (``json_schema`` slots) are this script run on a checkout of ``6ee2fee~1``
+(docs/benchmarks.md). Prints a Markdown table; nothing is asserted.
 """
 
 from __future__ import annotations
