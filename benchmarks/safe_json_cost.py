@@ -6,9 +6,10 @@ time and the tag's JSON size for an MCP-shaped catalog (benchmarks/mcp_tools.py)
 
 ``build s`` is the first build with the process's caches cold, ``rebuild s`` a build of the same
 catalog again (the tag cache bypassed, per-slot caches warm), ``compile s`` compiling the built tag
-with a fresh single-threaded compiler over a small vocabulary, in CPU seconds (the
-best of ``--repeat``: wall time on a shared machine says more about the neighbours). ``--no-rewrite`` bypasses the rewrite (the slots
-keep xgrammar's own JSON EBNF, as grammar nodes): what the rewrite itself adds. The figures before
+with a fresh single-threaded compiler over a small vocabulary, in CPU seconds (the best of
+``--repeat``: wall time on a shared machine says more about the neighbours). ``--no-rewrite``
+bypasses the rewrite (the slots keep xgrammar's own JSON EBNF, as grammar nodes): what the rewrite
+itself adds. The figures before
 safe_json (``json_schema`` slots) are this script run on a checkout of ``6ee2fee~1``
 (docs/benchmarks.md). Prints a Markdown table; nothing is asserted.
 """
@@ -33,7 +34,7 @@ from vllm_allowed_tools.decode import grammar  # noqa: E402
 
 def _tokenizer_info():
     import xgrammar as xgr
-    vocab = [chr(c) for c in range(32, 127)] + ["<tool_call>", "</tool_call>", '{"', '":', "name", "arguments"]
+    vocab = [chr(c) for c in range(32, 127)] + ["<tool_call>", "</tool_call>", '{"', '":', "name"]
     return xgr.TokenizerInfo(vocab + ["<eos>"], vocab_size=len(vocab) + 1, stop_token_ids=[len(vocab)])
 
 
@@ -70,7 +71,8 @@ def main() -> None:
             grammar.build_structural_tag(name, functions, "required")
             rebuild = time.perf_counter() - start
             chars = len(json.dumps(tag.model_dump(), separators=(",", ":")))
-            compile_s = "-" if args.no_compile else f"{min(_compile_seconds(tag) for _ in range(args.repeat)):.2f}"
+            compile_s = ("-" if args.no_compile
+                         else f"{min(_compile_seconds(tag) for _ in range(args.repeat)):.2f}")
             print(f"| {name} | {count} | {args.strict} | {'no' if args.no_rewrite else 'yes'} | {build:.2f} "
                   f"| {rebuild:.2f} | {compile_s} | {chars:,} |", flush=True)
 

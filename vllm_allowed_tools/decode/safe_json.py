@@ -150,7 +150,8 @@ def _representatives(markers: tuple[str, ...]) -> dict[int, int]:
         signatures = {state: (block[state], *(block.get(automaton.step(state, char), -1) for char in chars))
                       for state in live}
         numbers: dict[tuple[int, ...], int] = {}
-        refined = {state: numbers.setdefault(signature, len(numbers)) for state, signature in signatures.items()}
+        refined = {state: numbers.setdefault(signature, len(numbers))
+                   for state, signature in signatures.items()}
         if len(numbers) == len(set(block.values())):
             break
         block = refined
@@ -211,10 +212,11 @@ def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahe
     (``name + "_"`` unless given: a caller that knows the grammar's other names passes a short one).
 
     Printed compactly, for the text goes into every JSON slot of a tag: one rule per automaton
-    state (states that behave the same are one: :func:`_representatives`), its alternatives unparenthesized, each character class the shorter of itself and its
-    negated complement, the escapes (which start the automaton over) one shared rule, a chain of
-    single steps one sequence, and the ways every state shares with state 0 (the closing quote,
-    an escape, a marker's first character) one rule."""
+    state (states that behave the same are one: :func:`_representatives`), its alternatives
+    unparenthesized, each character class the shorter of itself and its negated complement, the
+    escapes (which start the automaton over) one shared rule, a chain of single steps one sequence,
+    and the ways every state shares with state 0 (the closing quote, an escape, a marker's first
+    character) one rule."""
     return _string_rules(clean_markers(markers), name, lookahead, f"{name}_" if prefix is None else prefix)
 
 
