@@ -280,6 +280,11 @@ def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: s
 
     # the ways of state 0 but its "any other character" one (the quote, the escapes, each marker's
     # first character): most states share them all (their failure link is state 0), so one rule
+    def tail(ways: list[str]) -> str:
+        # the lookahead on every rule that can end the string: xgrammar reads it when it sorts the
+        # vocabulary per rule position, and without it far more tokens stay context-dependent
+        return f"({' | '.join(ways)}) {lookahead}" if lookahead else " | ".join(ways)
+
     restart = f"{prefix}r"
     shared = [way for way in alternatives(0) if not way.endswith(f" {prefix}0")]
     while pending:
@@ -291,8 +296,8 @@ def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: s
         ways = alternatives(state)
         if len(shared) > 1 and all(way in ways for way in shared):
             ways = [way for way in ways if way not in shared] + [restart]
-            rules[restart] = " | ".join(shared)
-        rules[rule] = " | ".join(ways)
+            rules[restart] = tail(shared)
+        rules[rule] = tail(ways)
     entry = f"{name} ::= {prefix}0" + (f" {lookahead}" if lookahead else "")
     return "\n".join([entry, *(f"{rule} ::= {body}" for rule, body in rules.items())]) + "\n"
 
