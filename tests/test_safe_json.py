@@ -105,6 +105,7 @@ def number_spelling(value: float) -> str:
     sign, mantissa = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
     digits, exponent = mantissa.replace(".", ""), int(exponent)
     shift = max(0, exponent - 287)
+    digits = digits.ljust(1 + shift, "0")   # 1.0000000000000001e304: 17 digits, shifted by 17
     return f"{sign}{digits[:1 + shift]}.{digits[1 + shift:] or '0'}e{exponent - shift}"
 
 

@@ -299,14 +299,9 @@ def with_object_arguments(tag: StructuralTag, *, one_line: bool, markers: Sequen
             return [visit(item, markup) for item in node]
         if not isinstance(node, dict):
             return node
-        if node.get("type") == "json_schema" and node.get("style", "json") == "json":
-            schema = object_schema(node.get("json_schema"))
-            ebnf = _one_line_json(schema) if one_line else _json_ebnf({**node, "json_schema": schema})
-            return {"type": "grammar", "grammar": safe_json_ebnf(ebnf, forbidden)}
-        if node.get("type") == "json_schema" and node.get("style") in _XML_VALUE_FRAMES:
-            _, closing, _, inner = _XML_VALUE_FRAMES[node["style"]]
-            return {"type": "grammar", "grammar": safe_json_ebnf(
-                _xml_values_unframed(node, markup), (*forbidden, *inner, *markup, json.loads(closing)))}
+        if node.get("type") == "json_schema" and (node.get("style", "json") == "json"
+                                                  or node.get("style") in _XML_VALUE_FRAMES):
+            return {"type": "grammar", "grammar": _slot_grammar(node, one_line, forbidden, markup)}
         if node.get("type") == "star" and _each_key_once(node) is not None:
             return visit(_each_key_once(node), markup)
         if node.get("type") == "tag":   # a string inside may not spell the markup that ends it
@@ -314,6 +309,36 @@ def with_object_arguments(tag: StructuralTag, *, one_line: bool, markers: Sequen
             markup = markup + tuple(piece for end in ends for piece in end.split())
         return {key: visit(value, markup) for key, value in node.items()}
     return StructuralTag.model_validate(visit(dumped, ()))
+
+
+def _slot_limits() -> tuple[int, int | None]:
+    return 2048, 64 << 20
+
+
+#: a JSON slot's grammar by (its node, one_line, the markers, the enclosing markup): the same
+#: schema recurs across a catalog (every non-strict tool's ``{"type": "object"}``) and across the
+#: turns that build one catalog's tags, and the rewrite costs milliseconds a slot
+_SLOTS = _LRU(limits=_slot_limits)
+
+
+def _slot_grammar(node: Mapping[str, Any], one_line: bool, forbidden: tuple[str, ...],
+                  markup: tuple[str, ...]) -> str:
+    """The :mod:`.safe_json` grammar for one JSON argument slot (a JSON- or XML-style
+    ``json_schema`` node), cached in :data:`_SLOTS`."""
+    key = (json.dumps(node, sort_keys=True, default=str), one_line, forbidden, markup)
+    found = _SLOTS.get(key)
+    if found is not None:
+        return found
+    if node.get("style", "json") == "json":
+        schema = object_schema(node.get("json_schema"))
+        ebnf = _one_line_json(schema) if one_line else _json_ebnf({**node, "json_schema": schema})
+        text = safe_json_ebnf(ebnf, forbidden)
+    else:
+        _, closing, _, inner = _XML_VALUE_FRAMES[node["style"]]
+        text = safe_json_ebnf(_xml_values_unframed(node, markup),
+                              (*forbidden, *inner, *markup, json.loads(closing)))
+    _SLOTS.put(key, text, len(key[0]) + len(text))
+    return text
 
 
 def _each_key_once(node: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -470,3 +495,4 @@ def tag_cache_bytes() -> int:
 
 def clear_tag_cache() -> None:
     _TAGS.clear()
+    _SLOTS.clear()

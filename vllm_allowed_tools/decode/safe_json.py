@@ -27,6 +27,19 @@ What is left as xgrammar built it (say so where it matters): strings the schema 
 (``enum``/``const`` literals and declared key literals are the schema's own text; ``pattern`` and
 ``format`` strings and ``minLength``/``maxLength`` strings use their own rules) and numbers with
 ``minimum``/``maximum`` bounds (xgrammar writes those as range rules). No vLLM imports.
+
+Cost. Structural-tag ``grammar`` nodes share no rules, so every JSON slot of a tag carries its own
+copy of the string rules: they are printed compactly (:func:`string_rules`: one rule per class of
+equivalent automaton states, short rule names, negated classes, the escapes and the ways shared
+with state 0 one rule each: about 1.2k characters for hermes' markers, 3.3k for kimi_k2's, where
+the first version printed 7.5k and 9.8k), the rules nothing reaches are dropped (:func:`reachable`),
+and ``grammar.py`` caches each slot's grammar by its node and markers. 128 MCP-shaped strict tools,
+required mode (``benchmarks/safe_json_cost.py``, docs/benchmarks.md), tag JSON characters before
+this module, with its first version, now: hermes 175k / 2.87M / 733k, kimi_k2 103k / 3.02M / 673k,
+qwen3_coder 447k / 2.94M / 974k, deepseek_v3 334k / 2.17M / 472k; a rebuild of the same catalog
+0.01 s (first version 0.5-0.9 s unloaded). The cost that remains is compiling: at a 150K
+vocabulary 4 kimi_k2 tools take 9.8 s (0.2 s before this module, 11.8 s with its first version):
+xgrammar sorts the vocabulary per rule position, and the automaton adds dozens per slot.
 """
 
 from __future__ import annotations
@@ -124,6 +137,32 @@ def _split(automaton: _Automaton, state: int, ranges: Ranges) -> dict[int, Range
     return {target: _merged(chars) for target, chars in targets.items() if target not in automaton.dead}
 
 
+@lru_cache(maxsize=64)
+def _representatives(markers: tuple[str, ...]) -> dict[int, int]:
+    """Each live state of the markers' automaton -> the least state that behaves the same on every
+    text (Moore's partition refinement): the trie keeps a state per prefix, but the states after
+    ``<t`` and ``</t`` (``<tool_call>``, ``</tool_call>``) only differ in a marker they have both
+    yet to finish, and one rule serves them. Every character outside the markers leads to state
+    0 and an escape starts over, so the markers' characters (and the quote) tell states apart."""
+    automaton = _automaton(markers)
+    live = [state for state in range(len(automaton.goto)) if state not in automaton.dead]
+    chars = sorted(automaton.alphabet | {_QUOTE})
+    block = {state: 0 for state in live}
+    while True:
+        signatures = {state: (block[state], *(block.get(automaton.step(state, char), -1) for char in chars))
+                      for state in live}
+        numbers: dict[tuple[int, ...], int] = {}
+        refined = {state: numbers.setdefault(signature, len(numbers))
+                   for state, signature in signatures.items()}
+        if len(numbers) == len(set(block.values())):
+            break
+        block = refined
+    least: dict[int, int] = {}
+    for state in live:
+        least.setdefault(block[state], state)
+    return {state: least[block[state]] for state in live}
+
+
 def _cut(ranges: Ranges, point: int) -> Ranges:
     out: Ranges = []
     for low, high in ranges:
@@ -135,10 +174,29 @@ def _cut(ranges: Ranges, point: int) -> Ranges:
 
 
 def _class(ranges: Ranges) -> str:
+    """The shorter of ``ranges`` as a class and as the negated class of its complement (a state's
+    "any other character" class is all but a few characters)."""
     if ranges == [(_QUOTE, _QUOTE)]:
         return '"\\""'
-    return "[" + "".join(_class_text(low) if low == high else f"{_class_text(low)}-{_class_text(high)}"
-                         for low, high in ranges) + "]"
+    if len(ranges) == 1 and ranges[0][0] == ranges[0][1] and ranges[0][0] != _QUOTE:
+        char = chr(ranges[0][0])
+        if 0x20 < ranges[0][0] < 0x7F and char != "\\":
+            return f'"{char}"'
+    plain = "[" + _ranges_text(ranges) + "]"
+    complement, low = [], 0
+    for start, stop in ranges:
+        if start > low:
+            complement.append((low, start - 1))
+        low = stop + 1
+    if low <= MAX_CODEPOINT:
+        complement.append((low, MAX_CODEPOINT))
+    negated = "[^" + _ranges_text(complement) + "]"
+    return negated if complement and len(negated) < len(plain) else plain
+
+
+def _ranges_text(ranges: Ranges) -> str:
+    return "".join(_class_text(low) if low == high else f"{_class_text(low)}-{_class_text(high)}"
+                   for low, high in ranges)
 
 
 def clean_markers(markers: Iterable[str]) -> tuple[str, ...]:
@@ -147,59 +205,103 @@ def clean_markers(markers: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({marker for marker in markers if marker and "\\" not in marker}))
 
 
-def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahead: str = "") -> str:
+def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahead: str = "",
+                 prefix: str | None = None) -> str:
     """EBNF rules (the entry rule ``name``) for a JSON string's content and closing quote whose raw
-    text never holds one of ``markers``; ``lookahead`` (``(=...)`` or empty) is put on each
-    content rule, as xgrammar puts its own on ``basic_string_sub``."""
-    automaton = _automaton(clean_markers(markers))
+    text never holds one of ``markers``; ``lookahead`` (``(=...)`` or empty) is put on the entry
+    rule, as xgrammar puts its own on ``basic_string_sub`` (every state rule is in tail position,
+    so it ends where the entry rule does). The other rules are named ``prefix`` then a number
+    (``name + "_"`` unless given: a caller that knows the grammar's other names passes a short one).
+
+    Printed compactly, for the text goes into every JSON slot of a tag: one rule per automaton
+    state (states that behave the same are one: :func:`_representatives`), its alternatives
+    unparenthesized, each character class the shorter of itself and its negated complement, the
+    escapes (which start the automaton over) one shared rule, a chain of single steps one sequence,
+    and the ways every state shares with state 0 (the closing quote, an escape, a marker's first
+    character) one rule."""
+    return _string_rules(clean_markers(markers), name, lookahead, f"{name}_" if prefix is None else prefix)
+
+
+@lru_cache(maxsize=64)
+def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: str) -> str:
+    automaton = _automaton(markers)
+    same = _representatives(markers)
+
+    def split(state: int, ranges: Ranges) -> dict[int, Ranges]:
+        """:func:`_split` with each target its representative."""
+        merged: dict[int, Ranges] = {}
+        for target, chars in _split(automaton, state, ranges).items():
+            merged.setdefault(same[target], []).extend(chars)
+        return {target: _merged(chars) for target, chars in merged.items()}
+
     rules: dict[str, str] = {}
-    escapes: dict[str, str | None] = {}
+    escapes: dict[tuple[int, int, int], str | None] = {}
     pending = [0]
+    escape = f"{prefix}e"
 
     def state_rule(state: int) -> str:
-        rule = name if state == 0 else f"{name}_s{state}"
+        rule = f"{prefix}{state}"
         if rule not in rules and state not in pending:
             pending.append(state)
         return rule
 
-    def escape_rule(steps: tuple[Ranges | None, ...], index: int, position: int, state: int) -> str | None:
-        """The rest of escape ``index`` from ``position`` in automaton ``state``, then the content;
-        None where every way on completes a marker."""
-        rule = f"{name}_e{index}_{position}_{state}"
-        if rule in escapes:
-            return escapes[rule]
+    def escape_expr(steps: tuple[Ranges | None, ...], index: int, position: int, state: int) -> str | None:
+        """The rest of escape ``index`` from ``position`` in automaton ``state``, then the content,
+        as an expression (a rule where it branches); None where every way on completes a marker."""
+        key = (index, position, state)
+        if key in escapes:
+            return escapes[key]
         if position == len(steps):
-            return state_rule(state)
-        if steps[position] is None:
-            rest = escape_rule(steps, index, position + 1, 0)
-            body = None if rest is None else '"\\\\" ' + rest
+            expr: str | None = state_rule(state)
+        elif steps[position] is None:
+            rest = escape_expr(steps, index, position + 1, 0)
+            expr = None if rest is None else '"\\\\" ' + rest
         else:
-            ways = [(chars, escape_rule(steps, index, position + 1, target))
-                    for target, chars in sorted(_split(automaton, state, steps[position]).items())]
-            ways = [(chars, rest) for chars, rest in ways if rest is not None]
-            body = " | ".join(f"({_class(chars)} {rest})" for chars, rest in ways) or None
-        escapes[rule] = None if body is None else rule
-        if body is not None:
-            rules[rule] = body
-        return escapes[rule]
+            ways = [(chars, escape_expr(steps, index, position + 1, target))
+                    for target, chars in sorted(split(state, steps[position]).items())]
+            ways = [f"{_class(chars)} {rest}" for chars, rest in ways if rest is not None]
+            if len(ways) > 1:
+                rule = f"{prefix}e{index}_{position}_{state}"
+                rules[rule] = " | ".join(ways)
+                expr = rule
+            else:
+                expr = ways[0] if ways else None
+        escapes[key] = expr
+        return expr
 
+    escape_ways = [way for index, steps in enumerate(_ESCAPES)
+                   if (way := escape_expr(steps, index, 0, 0)) is not None]
+    if escape_ways:
+        rules[escape] = " | ".join(escape_ways)
+
+    def alternatives(state: int) -> list[str]:
+        found = ['"\\""'] if automaton.step(state, _QUOTE) not in automaton.dead else []
+        found += [f"{_class(chars)} {state_rule(target)}"
+                  for target, chars in sorted(split(state, _RAW).items())]
+        return found + ([f'"\\\\" {escape}'] if escape_ways else [])
+
+    # the ways of state 0 but its "any other character" one (the quote, the escapes, each marker's
+    # first character): most states share them all (their failure link is state 0), so one rule
+    def tail(ways: list[str]) -> str:
+        # the lookahead on every rule that can end the string: xgrammar reads it when it sorts the
+        # vocabulary per rule position, and without it far more tokens stay context-dependent
+        return f"({' | '.join(ways)}) {lookahead}" if lookahead else " | ".join(ways)
+
+    restart = f"{prefix}r"
+    shared = [way for way in alternatives(0) if not way.endswith(f" {prefix}0")]
     while pending:
         state = pending.pop()
         rule = state_rule(state)
         if rule in rules:
             continue
         rules[rule] = ""
-        alternatives = []
-        if automaton.step(state, _QUOTE) not in automaton.dead:
-            alternatives.append('("\\"")')
-        for target, chars in sorted(_split(automaton, state, _RAW).items()):
-            alternatives.append(f"({_class(chars)} {state_rule(target)})")
-        for index, steps in enumerate(_ESCAPES):
-            escape = escape_rule(steps, index, 0, 0)
-            if escape is not None:
-                alternatives.append(f'("\\\\" {escape})')
-        rules[rule] = "(" + " | ".join(alternatives) + ")" + (f" {lookahead}" if lookahead else "")
-    return "\n".join(f"{rule} ::= {body}" for rule, body in rules.items()) + "\n"
+        ways = alternatives(state)
+        if len(shared) > 1 and all(way in ways for way in shared):
+            ways = [way for way in ways if way not in shared] + [restart]
+            rules[restart] = tail(shared)
+        rules[rule] = tail(ways)
+    entry = f"{name} ::= {prefix}0" + (f" {lookahead}" if lookahead else "")
+    return "\n".join([entry, *(f"{rule} ::= {body}" for rule, body in rules.items())]) + "\n"
 
 
 _RULE = re.compile(r"^(\w+) ::= (.*)$", re.MULTILINE)
@@ -219,9 +321,33 @@ def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
         found = _LOOKAHEAD.search(bodies["basic_string_sub"])
         lookahead = found.group(1) if found else ""
         ebnf = re.sub(r"^basic_string_sub ::= .*\n?", "", ebnf, count=1, flags=re.MULTILINE)
-        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(markers, "basic_string_sub", lookahead)
+        prefix = next(p for p in ("q", "qs_", "basic_string_sub_")
+                      if not any(rule.startswith(p) for rule in bodies))
+        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(markers, "basic_string_sub", lookahead, prefix)
     if "basic_number" in bodies:
         ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
     if "basic_integer" in bodies:
         ebnf = replace("basic_integer", _BOUNDED_INTEGER, ebnf)
-    return ebnf
+    return reachable(ebnf)
+
+
+_LITERAL = re.compile(r'"(?:[^"\\]|\\.)*"|\[(?:[^\]\\]|\\.)*\]')
+_NAME = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+def reachable(ebnf: str, root: str = "root") -> str:
+    """``ebnf`` without the rules ``root`` never reaches (xgrammar prints its whole JSON toolkit:
+    ``basic_escape``, ``basic_number_1`` ... once the rewrite replaced what used them), in its
+    order; returned as it is where a line is no ``name ::= body`` rule or there is no ``root``."""
+    lines = [line for line in ebnf.splitlines() if line.strip()]
+    rules = [_RULE.match(line) for line in lines]
+    if not all(rules) or root not in {rule.group(1) for rule in rules if rule}:
+        return ebnf
+    bodies = {rule.group(1): _LITERAL.sub(" ", rule.group(2)) for rule in rules if rule}
+    seen, pending = {root}, [root]
+    while pending:
+        for name in _NAME.findall(bodies[pending.pop()]):
+            if name in bodies and name not in seen:
+                seen.add(name)
+                pending.append(name)
+    return "\n".join(line for line, rule in zip(lines, rules) if rule and rule.group(1) in seen) + "\n"
