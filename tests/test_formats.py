@@ -409,8 +409,13 @@ def test_json_array_strings_spell_no_marker_and_no_lone_surrogate(name):
     assert _is_grammar_accept_string(grammar, call('"x \\ud83d\\ude00 y"'))
     assert not _is_grammar_accept_string(grammar, call('"\\udaaa"'))
     assert not _is_grammar_accept_string(grammar, call("1e999"))
+    from vllm_allowed_tools.decode.safe_json import MARKUP_STARTS
     for marker in format_markers(name):
-        assert not _is_grammar_accept_string(grammar, call(json.dumps(f"a {marker} b"))), marker
+        spelled = _is_grammar_accept_string(grammar, call(json.dumps(f"a {marker} b")))
+        assert spelled == (marker[0] not in MARKUP_STARTS), marker   # markup never, words yes
+        # the marker's value still has a spelling: its first character escaped
+        escaped = json.dumps(f"a {marker} b").replace(marker[0], "\\u%04x" % ord(marker[0]), 1)
+        assert _is_grammar_accept_string(grammar, call(escaped)), escaped
 
 
 # ---------------------------------------------------------------------------- the parser classes

@@ -163,3 +163,20 @@ def test_json_typed_xml_value_strings_refuse_the_parameter_markup():
     text = '<tool_call>\n<function=where>\n<parameter=at>\n{"x": "<parameter=a"}\n</parameter>\n</function>\n</tool_call>'
     assert not accepts(grammar, text)
     assert accepts(grammar, text.replace('"<parameter', '"\\u003cparameter'))
+
+
+def test_strings_keep_out_each_markup_markers_first_two_characters():
+    """A JSON string cannot spell any markup marker's first two characters (so no marker at all, in
+    an automaton one step deep: the full markers cost xgrammar's compile 15-65x at a 150K
+    vocabulary); a word-like marker (harmony's recipient) is not a string's concern; every value
+    keeps a spelling, the first character escaped."""
+    from vllm_allowed_tools.decode.safe_json import string_markers
+    assert string_markers(["<tool_call>", "</tool_call>", "[TOOL_CALLS]", " to=functions.", "functools["]) \
+        == ("</", "<t", "[T")
+    tag = build_structural_tag("hermes", [SEARCH], "required", parallel_tool_calls=False)
+    grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
+
+    def call(value: str) -> str:
+        return '<tool_call>\n{"name": "search", "arguments": {"q": %s}}\n</tool_call>' % value
+    assert not accepts(grammar, call('"a</b>"')) and not accepts(grammar, call('"<tag"'))
+    assert accepts(grammar, call('"a\\u003c/b>"')) and accepts(grammar, call('"a <b> c"'))

@@ -308,10 +308,28 @@ _RULE = re.compile(r"^(\w+) ::= (.*)$", re.MULTILINE)
 _LOOKAHEAD = re.compile(r"\s(\(=.*\))\s*$")
 
 
+#: the characters a marker a parser finds inside argument text starts with (markup)
+MARKUP_STARTS = "<[{"
+
+
+def string_markers(markers: Iterable[str]) -> tuple[str, ...]:
+    """What a JSON string's raw text is kept from spelling for a format's ``markers``: the first
+    two characters of each marker that starts with markup (:data:`MARKUP_STARTS`). Every such
+    marker starts with its two, so none is spelled; every value keeps a spelling (the first
+    character escaped, ``\\u003c``); and the automaton stays one step deep: with the markers in
+    full, xgrammar compiled a tag 15-65x slower at a 150K vocabulary (4 MCP tools, one thread:
+    kimi_k2 13.6 s, deepseek_v3 6.6 s, hermes 3.4 s; with two characters 0.77, 0.54, 0.47 s;
+    without the rewrite 0.21, 0.25, 0.20 s). A marker that starts otherwise is read where no
+    argument string is: harmony's `` to=functions.`` in a message header, phi4's ``functools[``
+    before the array its serving layer reads as JSON."""
+    return clean_markers(marker[:2] for marker in markers if marker[:1] in MARKUP_STARTS)
+
+
 def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
     """xgrammar's JSON EBNF ``ebnf`` (whole, or with XML around it) with ``basic_string_sub`` kept
-    from spelling ``markers`` and surrogate escapes paired, and ``basic_number`` / ``basic_integer``
-    bounded (the module docstring); a grammar without these rules is returned as it is."""
+    from spelling ``markers`` (:func:`string_markers`: their first two characters) and surrogate
+    escapes paired, and ``basic_number`` / ``basic_integer`` bounded (the module docstring); a
+    grammar without these rules is returned as it is."""
     bodies = {match.group(1): match.group(2) for match in _RULE.finditer(ebnf)}
 
     def replace(rule: str, body: str, text: str) -> str:
@@ -323,7 +341,8 @@ def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
         ebnf = re.sub(r"^basic_string_sub ::= .*\n?", "", ebnf, count=1, flags=re.MULTILINE)
         prefix = next(p for p in ("q", "qs_", "basic_string_sub_")
                       if not any(rule.startswith(p) for rule in bodies))
-        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(markers, "basic_string_sub", lookahead, prefix)
+        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(string_markers(markers), "basic_string_sub",
+                                                        lookahead, prefix)
     if "basic_number" in bodies:
         ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
     if "basic_integer" in bodies:
