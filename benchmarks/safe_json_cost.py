@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mcp_tools import mcp_catalog  # noqa: E402
 
-from vllm_allowed_tools.decode import grammar  # noqa: E402
+from vllm_allowed_tools.decode import argument_slots, grammar  # noqa: E402
 
 
 def _tokenizer_info():
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="compiles per tag (the best is shown)")
     args = parser.parse_args()
     if args.no_rewrite:
-        grammar.safe_json_ebnf = lambda ebnf, markers: ebnf
+        argument_slots.safe_json_ebnf = grammar.safe_json_ebnf = lambda ebnf, markers: ebnf
     print("| format | tools | strict | rewrite | build s | rebuild s | compile s | tag chars |")
     print("|---|---|---|---|---|---|---|---|")
     for count in (int(n) for n in args.tools.split(",")):

@@ -12,13 +12,8 @@ import textwrap
 
 import pytest
 
-from vllm_allowed_tools.decode.grammar import (
-    AllowedFunction,
-    build_structural_tag,
-    call_array_schema,
-    format_markers,
-    with_object_arguments,
-)
+from vllm_allowed_tools.decode.argument_slots import format_markers, with_object_arguments
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, call_array_schema
 from vllm_allowed_tools.decode.marker_tokens import with_marker_tokens
 from vllm_allowed_tools.formats import (
     GrammarSpec,

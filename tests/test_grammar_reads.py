@@ -61,7 +61,8 @@ import jsonschema
 import pytest
 from test_families import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
-from vllm_allowed_tools.decode.grammar import ANY_OBJECT, AllowedFunction, build_structural_tag, object_schema
+from vllm_allowed_tools.decode.argument_slots import ANY_OBJECT, object_schema
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.formats import wire_format, wire_formats
 from vllm_allowed_tools.testing.calls import chat_selection
 from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS

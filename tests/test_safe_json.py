@@ -13,7 +13,8 @@ import xgrammar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, format_markers
+from vllm_allowed_tools.decode.argument_slots import format_markers
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.decode.json_string import ebnf_text
 from vllm_allowed_tools.decode.safe_json import safe_json_ebnf, string_rules
 

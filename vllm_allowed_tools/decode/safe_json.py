@@ -225,80 +225,87 @@ def string_rules(markers: Sequence[str], name: str = "basic_string_sub", lookahe
     return _string_rules(clean_markers(markers), name, lookahead, f"{name}_" if prefix is None else prefix)
 
 
-@lru_cache(maxsize=64)
-def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: str) -> str:
-    automaton = _automaton(markers)
-    same = _representatives(markers)
+class _Printer:
+    """The rules of one marker set's string automaton, printed as :func:`string_rules` says."""
 
-    def split(state: int, ranges: Ranges) -> dict[int, Ranges]:
+    def __init__(self, markers: tuple[str, ...], prefix: str) -> None:
+        self.automaton = _automaton(markers)
+        self.same = _representatives(markers)
+        self.prefix = prefix
+        self.rules: dict[str, str] = {}
+        self.escapes: dict[tuple[int, int, int], str | None] = {}
+        self.pending = [0]
+
+    def split(self, state: int, ranges: Ranges) -> dict[int, Ranges]:
         """:func:`_split` with each target its representative."""
         merged: dict[int, Ranges] = {}
-        for target, chars in _split(automaton, state, ranges).items():
-            merged.setdefault(same[target], []).extend(chars)
+        for target, chars in _split(self.automaton, state, ranges).items():
+            merged.setdefault(self.same[target], []).extend(chars)
         return {target: _merged(chars) for target, chars in merged.items()}
 
-    rules: dict[str, str] = {}
-    escapes: dict[tuple[int, int, int], str | None] = {}
-    pending = [0]
-    escape = f"{prefix}e"
-
-    def state_rule(state: int) -> str:
-        rule = f"{prefix}{state}"
-        if rule not in rules and state not in pending:
-            pending.append(state)
+    def state_rule(self, state: int) -> str:
+        rule = f"{self.prefix}{state}"
+        if rule not in self.rules and state not in self.pending:
+            self.pending.append(state)
         return rule
 
-    def escape_expr(steps: tuple[Ranges | None, ...], index: int, position: int, state: int) -> str | None:
+    def escape_expr(self, steps: tuple[Ranges | None, ...], index: int, position: int,
+                    state: int) -> str | None:
         """The rest of escape ``index`` from ``position`` in automaton ``state``, then the content,
         as an expression (a rule where it branches); None where every way on completes a marker."""
         key = (index, position, state)
-        if key in escapes:
-            return escapes[key]
+        if key in self.escapes:
+            return self.escapes[key]
         if position == len(steps):
-            expr: str | None = state_rule(state)
+            expr: str | None = self.state_rule(state)
         elif steps[position] is None:
-            rest = escape_expr(steps, index, position + 1, 0)
+            rest = self.escape_expr(steps, index, position + 1, 0)
             expr = None if rest is None else '"\\\\" ' + rest
         else:
-            ways = [(chars, escape_expr(steps, index, position + 1, target))
-                    for target, chars in sorted(split(state, steps[position]).items())]
+            ways = [(chars, self.escape_expr(steps, index, position + 1, target))
+                    for target, chars in sorted(self.split(state, steps[position]).items())]
             ways = [f"{_class(chars)} {rest}" for chars, rest in ways if rest is not None]
             if len(ways) > 1:
-                rule = f"{prefix}e{index}_{position}_{state}"
-                rules[rule] = " | ".join(ways)
+                rule = f"{self.prefix}e{index}_{position}_{state}"
+                self.rules[rule] = " | ".join(ways)
                 expr = rule
             else:
                 expr = ways[0] if ways else None
-        escapes[key] = expr
+        self.escapes[key] = expr
         return expr
 
+    def alternatives(self, state: int, escape: str | None) -> list[str]:
+        found = ['"\\""'] if self.automaton.step(state, _QUOTE) not in self.automaton.dead else []
+        found += [f"{_class(chars)} {self.state_rule(target)}"
+                  for target, chars in sorted(self.split(state, _RAW).items())]
+        return found + ([f'"\\\\" {escape}'] if escape else [])
+
+
+@lru_cache(maxsize=64)
+def _string_rules(markers: tuple[str, ...], name: str, lookahead: str, prefix: str) -> str:
+    printer = _Printer(markers, prefix)
+    rules = printer.rules
     escape_ways = [way for index, steps in enumerate(_ESCAPES)
-                   if (way := escape_expr(steps, index, 0, 0)) is not None]
-    if escape_ways:
+                   if (way := printer.escape_expr(steps, index, 0, 0)) is not None]
+    escape = f"{prefix}e" if escape_ways else None
+    if escape:
         rules[escape] = " | ".join(escape_ways)
 
-    def alternatives(state: int) -> list[str]:
-        found = ['"\\""'] if automaton.step(state, _QUOTE) not in automaton.dead else []
-        found += [f"{_class(chars)} {state_rule(target)}"
-                  for target, chars in sorted(split(state, _RAW).items())]
-        return found + ([f'"\\\\" {escape}'] if escape_ways else [])
-
-    # the ways of state 0 but its "any other character" one (the quote, the escapes, each marker's
-    # first character): most states share them all (their failure link is state 0), so one rule
     def tail(ways: list[str]) -> str:
         # the lookahead on every rule that can end the string: xgrammar reads it when it sorts the
         # vocabulary per rule position, and without it far more tokens stay context-dependent
         return f"({' | '.join(ways)}) {lookahead}" if lookahead else " | ".join(ways)
 
+    # the ways of state 0 but its "any other character" one (the quote, the escapes, each marker's
+    # first character): most states share them all (their failure link is state 0), so one rule
     restart = f"{prefix}r"
-    shared = [way for way in alternatives(0) if not way.endswith(f" {prefix}0")]
-    while pending:
-        state = pending.pop()
-        rule = state_rule(state)
+    shared = [way for way in printer.alternatives(0, escape) if not way.endswith(f" {prefix}0")]
+    while printer.pending:
+        rule = printer.state_rule(state := printer.pending.pop())
         if rule in rules:
             continue
         rules[rule] = ""
-        ways = alternatives(state)
+        ways = printer.alternatives(state, escape)
         if len(shared) > 1 and all(way in ways for way in shared):
             ways = [way for way in ways if way not in shared] + [restart]
             rules[restart] = tail(shared)
