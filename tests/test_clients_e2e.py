@@ -200,7 +200,7 @@ def end_token_bias(flavour: str = "tool-happy") -> dict[str, float]:
     return {str(config["eos_token_id"]): 100.0}
 
 
-def ends_after(flavour: str, requests: int = 3) -> Callable[[int, dict[str, Any]], dict[str, Any]]:
+def ends_after(flavour: str, requests: int = 2) -> Callable[[int, dict[str, Any]], dict[str, Any]]:
     """The gateway's rewrite for a whole ``codex exec`` run: the first ``requests`` go as Codex
     sent them (the model's own calls, Codex's answers to them, its next turn); every later one is
     answered at once (the end token forced), so the run's length never depends on what a tiny

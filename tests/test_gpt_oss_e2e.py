@@ -122,9 +122,12 @@ def server_tokens(text: str) -> list[int]:
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
 @pytest.mark.parametrize("api", ["chat", "responses"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_required_gives_one_allowed_schema_valid_call(server, api, stream, seed):
+def test_required_gives_one_allowed_schema_valid_call(request, server, api, stream, seed):
     """Exactly one allowed call whose arguments the tool's schema accepts, on both APIs, unary and
-    streamed."""
+    streamed (three seeds on the default stage, one on the native stage: the grammar is the same
+    tag, and CI's time is bounded)."""
+    if seed and "native" in request.node.callspec.id:
+        pytest.skip("the native stage runs seed 0 (the default stage runs all three)")
     catalog, subset = catalog_and_subset(seed)
     fetch = chat_calls if api == "chat" else responses_calls
     reply = fetch(server.client(), catalog, "required", subset, seed, stream=stream, max_tokens=200,

@@ -52,7 +52,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .json_string import MAX_CODEPOINT, Ranges, _class_text, _merged
+from .json_string import MAX_CODEPOINT, Ranges, _class_text, _complement, _merged
 
 #: the bound on admitted JSON numbers: an integer part of at most 20 digits (any 64-bit integer), a
 #: fraction of at most 20 digits, a positive decimal exponent of at most 287, so every number is
@@ -186,13 +186,7 @@ def _class(ranges: Ranges) -> str:
         if 0x20 < ranges[0][0] < 0x7F and char != "\\":
             return f'"{char}"'
     plain = "[" + _ranges_text(ranges) + "]"
-    complement, low = [], 0
-    for start, stop in ranges:
-        if start > low:
-            complement.append((low, start - 1))
-        low = stop + 1
-    if low <= MAX_CODEPOINT:
-        complement.append((low, MAX_CODEPOINT))
+    complement = _complement(ranges)
     negated = "[^" + _ranges_text(complement) + "]"
     return negated if complement and len(negated) < len(plain) else plain
 
