@@ -26,6 +26,7 @@ from vllm_allowed_tools.response.chat_custom import (
 )
 from vllm_allowed_tools.response.unary import check_chat_completion
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
+from vllm_allowed_tools.testing.grammar_read import tag_nodes
 
 DIGITS = r"[0-9]{4}"
 PIN = {"type": "custom", "custom": {"name": "pin", "description": "A four-digit pin.",
@@ -212,19 +213,9 @@ def test_the_wrapper_builds_the_custom_input_grammar_for_required_and_named(monk
     wrapper = ToolParserManager.get_tool_parser("allowed_hermes")(
         AutoTokenizer.from_pretrained(str(ensure_model("random"))))
     tag = json.loads(wrapper.adjust_request(request).structured_outputs.structural_tag)
-    grammars = [node["grammar"] for node in _nodes(tag) if node.get("type") == "grammar"]
+    grammars = [node["grammar"] for node in tag_nodes(tag) if node.get("type") == "grammar"]
     assert grammars and all("[0-9]" in grammar or "0" in grammar for grammar in grammars), grammars
-    assert any(node.get("value") == '{"input": "' for node in _nodes(tag))   # the JSON string's frame
-
-
-def _nodes(node):
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _nodes(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _nodes(value)
+    assert any(node.get("value") == '{"input": "' for node in tag_nodes(tag))   # the JSON string's frame
 
 
 # ------------------------------------------------------------------------------------ response

@@ -26,7 +26,7 @@ from vllm_allowed_tools.formats import (
 )
 from vllm_allowed_tools.grammars import GRAMMAR_DIR
 from vllm_allowed_tools.templates import TEMPLATE_DIR
-from vllm_allowed_tools.testing.grammar_read import grammar_style
+from vllm_allowed_tools.testing.grammar_read import grammar_style, tag_nodes
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -484,18 +484,8 @@ def test_an_xml_value_is_written_as_its_parser_reads_it(name, read, framed, plai
                                                             (None, 1, 4)):   # the servers run with 1
         tag = build_structural_tag(name, [AllowedFunction("t", parameters, strict=True)], "required",
                                    parallel_tool_calls=False, max_whitespace=bound)
-        slots = [node["grammar"] for node in _nodes(tag.model_dump()) if node.get("type") == "grammar"]
+        slots = [node["grammar"] for node in tag_nodes(tag) if node.get("type") == "grammar"]
         assert len(slots) == 1, name
         grammar = xgrammar.Grammar.from_ebnf(slots[0])
         assert _is_grammar_accept_string(grammar, good), (name, good)
         assert not _is_grammar_accept_string(grammar, bad), (name, bad)
-
-
-def _nodes(node):
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from _nodes(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _nodes(value)

@@ -29,6 +29,19 @@ def tag_dict(tag: Any) -> dict[str, Any]:
     return tag.model_dump()   # an xgrammar StructuralTag
 
 
+def tag_nodes(tag: Any) -> Iterator[dict[str, Any]]:
+    """Every node of a structural tag, depth first (a test looks for the ``grammar`` slots or a
+    frame's ``const_string`` without knowing where a format nests them)."""
+    stack: list[Any] = [tag_dict(tag)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Mapping):
+            yield node
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+
+
 def markers_as_text(node: Any, texts: Mapping[int, str] | None = None) -> Any:
     """A tag dict with its ``token`` formats read as their text (a string token is its text; an id,
     ``texts[id]``): a ``token`` node becomes a ``const_string``, a token ``begin``/``end`` its text,
