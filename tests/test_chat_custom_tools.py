@@ -153,16 +153,20 @@ def test_custom_calls_in_the_history_reach_vllm_as_function_calls():
 
 # ------------------------------------------------- the grammar in every constrained mode (item 2)
 
+def plain_choice_body(api: str, choice: str) -> dict:
+    """A function and the grammar tool ``pin`` under plain ``required`` or the named ``pin``."""
+    if api == "chat":
+        return chat(EXEC, PIN, tool_choice=custom("pin") if choice == "named" else "required")
+    return {"model": "m", "input": "hi", "tools": [
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+        {"type": "custom", "name": "pin", "format": PIN["custom"]["format"]}],
+        "tool_choice": {"type": "custom", "name": "pin"} if choice == "named" else "required"}
+
+
 @pytest.mark.parametrize("api", ["chat", "responses"])
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_plain_required_and_named_custom_choices_carry_the_custom_grammar_to_the_wrapper(api, choice):
-    if api == "chat":
-        body = chat(EXEC, PIN, tool_choice=custom("pin") if choice == "named" else "required")
-    else:
-        body = {"model": "m", "input": "hi", "tools": [
-            {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
-            {"type": "custom", "name": "pin", "format": PIN["custom"]["format"]}],
-            "tool_choice": {"type": "custom", "name": "pin"} if choice == "named" else "required"}
+    body = plain_choice_body(api, choice)
     rewritten = rewrite_request(body, api, parser="hermes")
     wire = WireAllowlist.from_wire(rewritten.body[ALLOWLIST_KEY])
     assert wire.mode == "required" and wire.custom["pin"] == ("regex", DIGITS)
@@ -202,14 +206,9 @@ def test_the_wrapper_builds_the_custom_input_grammar_for_required_and_named(monk
     monkeypatch.setattr(parsers, "active_constraint_stage", lambda: STAGE_NATIVE)
     if api == "chat":
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as Request
-        body = chat(EXEC, PIN, tool_choice=custom("pin") if choice == "named" else "required")
     else:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as Request
-        body = {"model": "m", "input": "hi", "tools": [
-            {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
-            {"type": "custom", "name": "pin", "format": PIN["custom"]["format"]}],
-            "tool_choice": {"type": "custom", "name": "pin"} if choice == "named" else "required"}
-    request = Request(**rewrite_request(body, api, parser="hermes").body)
+    request = Request(**rewrite_request(plain_choice_body(api, choice), api, parser="hermes").body)
     wrapper = ToolParserManager.get_tool_parser("allowed_hermes")(
         AutoTokenizer.from_pretrained(str(ensure_model("random"))))
     tag = json.loads(wrapper.adjust_request(request).structured_outputs.structural_tag)

@@ -41,16 +41,18 @@ def request_body(seed: int, stream: bool, **extra) -> dict:
             "stream": stream, **extra}
 
 
-def unary(server, body: dict) -> dict:
-    response = httpx.post(f"{server.base_url}/responses", json=body, timeout=180)
+def unary(server, body: dict, route: str = "responses") -> dict:
+    response = httpx.post(f"{server.base_url}/{route}", json=body, timeout=180)
     assert response.status_code == 200, response.text
     return response.json()
 
 
-def streamed(server, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{server.base_url}/responses", json=body, timeout=180) as response:
+def streamed(server, body: dict, route: str = "responses") -> list[dict]:
+    """The stream's JSON events (Chat's closing ``[DONE]`` left out)."""
+    with httpx.stream("POST", f"{server.base_url}/{route}", json=body, timeout=180) as response:
         assert response.status_code == 200, response.read()
-        return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+        return [json.loads(line[6:]) for line in response.iter_lines()
+                if line.startswith("data: ") and line != "data: [DONE]"]
 
 
 def the_one_custom_call(response: dict) -> dict:
@@ -108,16 +110,11 @@ def chat_body(seed: int, stream: bool, tool_choice=None) -> dict:
 
 
 def chat_unary(server, body: dict) -> dict:
-    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=180)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return unary(server, body, "chat/completions")
 
 
 def chat_streamed(server, body: dict) -> list[dict]:
-    with httpx.stream("POST", f"{server.base_url}/chat/completions", json=body, timeout=180) as response:
-        assert response.status_code == 200, response.read()
-        return [json.loads(line[6:]) for line in response.iter_lines()
-                if line.startswith("data: ") and line != "data: [DONE]"]
+    return streamed(server, body, "chat/completions")
 
 
 def the_one_chat_custom_call(calls: list[dict]) -> dict:
