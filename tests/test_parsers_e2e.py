@@ -18,14 +18,14 @@ the tool pool (strict, enum-only arguments) and a 2-tool subset:
 * required mode with ``parallel_tool_calls=False``: exactly one call, in the subset, schema-valid
   arguments, over several seeds at temperature 1.0;
 * auto mode: never a call outside the subset;
-* the server renders the prompt exactly as :mod:`vllm_allowed_tools.devtools.render` does, policy block included.
+* the server renders the prompt exactly as :mod:`vllm_allowed_tools.devtools.render` does, policy
+  block included.
 
 The random model rarely emits EOS, so nothing here asks for parallel calls in required mode (that
 would run to max_tokens).
 
-Known issues in the glue (vllm_glue/parsers.py, not this file's to fix) are xfailed with the reason
-and the fix: qwen3_coder framing whitespace in enum values. The last section checks the wrappers without a server (deterministic inputs), so each issue
-has a strict xfail that does not depend on sampling.
+The last section checks the wrappers without a server (deterministic inputs): what sampling shows
+only sometimes, such as an XML value framed by whitespace the parser keeps, is pinned there.
 """
 
 from __future__ import annotations
@@ -51,26 +51,14 @@ SEEDS = (0, 1, 2)
 REQUIRED_MAX_TOKENS = 200
 AUTO_MAX_TOKENS = 40
 
-QWEN_XML_WHITESPACE = (
-    "allowed_qwen3_coder can return schema-invalid string arguments: xgrammar's qwen_xml style frames "
-    "every parameter value with [ \\n\\r\\t]* (up to VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE characters), "
-    "but vLLM's qwen3 parser strips only one leading and one trailing newline "
-    "(vllm/parser/qwen3.py _trim_wrapping_newlines), so `<parameter=p>\\nhigh\\t</parameter>` parses "
-    "as \"high\\t\", which is not in the enum")
-
-
 @dataclass(frozen=True)
 class Case:
     parser: str
-    xfail_required: str | None = None      # required mode is known to fail every time
-    xfail_required_api: str | None = None  # ... on this endpoint only (None: both)
-    whitespace_issue: str | None = None    # a schema-invalid value may differ by framing whitespace
-    xfail_render: str | None = None
 
 
 CASES = [
     Case("allowed_hermes"),
-    Case("allowed_qwen3_coder", whitespace_issue=QWEN_XML_WHITESPACE),
+    Case("allowed_qwen3_coder"),
     Case("allowed_llama3_json"),
     Case("allowed_mistral"),
     Case("allowed_pythonic"),
@@ -137,20 +125,11 @@ def test_parser_is_served_with_its_own_template(served):
     assert f"{TEMPLATE_FOR_PARSER[case.parser]}.jinja" in log
 
 
-def _valid_after_strip(name: str, arguments: str) -> bool:
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        return False
-    return isinstance(parsed, dict) and POOL_BY_NAME[name].arguments_valid(
-        {key: value.strip() if isinstance(value, str) else value for key, value in parsed.items()})
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_required_mode_gives_one_allowed_schema_valid_call(served, api, stream):
-    case, server, _ = served
-    failures, whitespace_only = [], []
+    _, server, _ = served
+    failures = []
     for seed in SEEDS:
         calls, subset, raw = calls_for(api, server, "required", seed, REQUIRED_MAX_TOKENS, stream)
         if len(calls) != 1:
@@ -159,19 +138,9 @@ def test_required_mode_gives_one_allowed_schema_valid_call(served, api, stream):
         name, arguments = calls[0]
         if name not in subset:
             failures.append((seed, "name", name, subset))
-        elif not POOL_BY_NAME[name].arguments_valid(arguments):
-            (whitespace_only if _valid_after_strip(name, arguments) else failures).append(
-                (seed, "arguments", name, arguments))
-    if case.xfail_required and case.xfail_required_api in (None, api):   # strict: still there
-        if failures or whitespace_only:
-            pytest.xfail(case.xfail_required + f"; observed: {(failures + whitespace_only)[0]}")
-        pytest.fail(f"{case.parser} required mode works now: drop the xfail ({case.xfail_required})")
+        elif not POOL_BY_NAME[name].arguments_valid(arguments):   # no tolerance for framing
+            failures.append((seed, "arguments", name, arguments))
     assert not failures, (failures, server.log_tail(30))
-    if whitespace_only:
-        assert case.whitespace_issue, whitespace_only
-        # sampling decides whether it shows up; the deterministic, strict check is
-        # test_qwen_xml_framing_whitespace_reaches_the_arguments below
-        pytest.xfail(case.whitespace_issue + f"; observed: {whitespace_only[0]}")
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -218,18 +187,7 @@ def test_server_renders_the_template_like_render_py(served):
     block = policy_block_offset(served_text, template)
     assert block is not None, served_text[-400:]
     assert "Allowed tools this turn (required): " + ", ".join(subset) in served_text[block:]
-    if served_text != expected and case.xfail_render:
-        # pin the cause: the server rendered the messages as lists of parts ("openai" format;
-        # vLLM keeps tool results as strings)
-        as_parts = [message if message["role"] == "tool" else
-                    {**message, "content": [] if message["content"] is None else
-                     [{"type": "text", "text": message["content"]}]} for message in messages]
-        assert served_text == render_with_policy(as_parts, tools, template,
-                                                 {"mode": "required", "names": subset})
-        pytest.xfail(case.xfail_render)
     assert served_text == expected
-    if case.xfail_render:
-        pytest.fail(f"{case.parser}: render matches now, drop the xfail ({case.xfail_render})")
 
 
 def test_base_parsers_refuse_a_tokenizer_without_their_marker_token():
@@ -323,26 +281,30 @@ def test_wrapper_grammar_accepts_the_templates_call_format_for_allowed_tools_onl
     assert not _is_grammar_accept_string(grammar, reply("delete_note"))   # in the catalog, not allowed
 
 
-@pytest.mark.xfail(strict=True, reason=QWEN_XML_WHITESPACE)
-def test_qwen_xml_framing_whitespace_reaches_the_arguments(glue):
-    """Fix (vllm_glue/parsers.py, AllowedToolsMixin.extract_tool_calls and the streaming twin): for
-    parsers whose structural tag uses style="qwen_xml", strip [ \\t\\r\\n] around each string argument
-    value before handing the call out (the grammar only ever puts framing whitespace there when the
-    schema fixes the value, e.g. enum/const), or upstream, make the qwen3 parser strip the same
-    whitespace class the grammar allows."""
+def test_qwen_xml_values_admit_only_the_framing_the_parser_strips(glue):
+    """xgrammar's qwen_xml style frames an enum value with free whitespace, which vLLM's qwen3 parser
+    keeps (it strips one line break each side): ``\\nhigh\\t`` would read back as ``"high\\t"``,
+    outside the enum. The wrapper's grammar admits the value only as the parser reads it
+    (decode/argument_slots.py), and what it admits parses schema-valid."""
     import xgrammar
     from xgrammar.testing import _is_grammar_accept_string
 
     wrapper, _ = parser_pair(glue, "allowed_qwen3_coder")
     request, _ = policy_request("required", ["get_ticket"], TWO_TOOLS)
     grammar = xgrammar.Grammar.from_structural_tag(wrapper.get_structural_tag(request).model_dump_json())
-    output = ("<tool_call>\n<function=get_ticket>\n<parameter=priority>\nhigh\t</parameter>\n"
-              "</function>\n</tool_call>")
-    assert _is_grammar_accept_string(grammar, output)   # the grammar allows it ...
-    info = wrapper.extract_tool_calls(output, request)
+
+    def call(value: str) -> str:
+        return (f"<tool_call>\n<function=get_ticket>\n<parameter=priority>{value}</parameter>\n"
+                "</function>\n</tool_call>")
+
+    for framed in ("\nhigh\t", "\thigh\n", "\n high\n", "\nhigh \n"):
+        assert not _is_grammar_accept_string(grammar, call(framed)), framed
+    admitted = call("\nhigh\n")
+    assert _is_grammar_accept_string(grammar, admitted)
+    info = wrapper.extract_tool_calls(admitted, request)
     assert [call.function.name for call in info.tool_calls] == ["get_ticket"]
     assert POOL_BY_NAME["get_ticket"].arguments_valid(info.tool_calls[0].function.arguments), \
-        info.tool_calls[0].function.arguments   # ... and the parsed value must still be schema-valid
+        info.tool_calls[0].function.arguments
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
