@@ -151,12 +151,18 @@ def _needs_trained_model(item) -> bool:
 def _trained_groups_last(items) -> None:
     """The groups that serve a trained model run after the rest, in the order the background
     build makes the models (:func:`_build_trained_models_in_background`), so no worker sits
-    waiting for a build while other groups could run."""
+    waiting for a build while other groups could run. Within a rank, the larger groups first
+    (what xdist's own reordering would do, which the scheduler turns off so this order holds)."""
     rank: dict[str, int] = {}
-    for item in items:
-        group = _group_of(item)
+    size: dict[str, int] = {}
+    first: dict[str, int] = {}
+    groups = [_group_of(item) for item in items]
+    for index, (item, group) in enumerate(zip(items, groups)):
         rank[group] = max(rank.get(group, 0), _trained_rank(item))
-    order = {id(item): (rank[_group_of(item)], index) for index, item in enumerate(items)}
+        size[group] = size.get(group, 0) + 1
+        first.setdefault(group, index)
+    order = {id(item): (rank[group], -size[group], first[group], index)
+             for index, (item, group) in enumerate(zip(items, groups))}
     items.sort(key=lambda item: order[id(item)])
 
 
@@ -181,8 +187,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_xdist_make_scheduler(config, log):
     """Whole test groups to each worker (xdist's own ``loadgroup`` reads marks that pytest 9.2's
-    node ids no longer carry)."""
+    node ids no longer carry), in the collection's order: xdist's default reorders groups by their
+    number of tests, which sent trained-model groups out early to wait for their build."""
     from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False   # the order is _trained_groups_last's
 
     class ServerGroups(LoadScopeScheduling):
         _groups: dict = {}
