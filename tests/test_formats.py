@@ -269,20 +269,11 @@ def test_every_argument_slot_admits_only_an_object(name):
         assert not _is_grammar_accept_string(grammar, '[{"name": "t1", "%s": "unit{"}]' % key)
         assert not _is_grammar_accept_string(grammar, '[{"name": "t2", "%s": [1]}]' % key)
         return
-    slots = []
-
-    def collect(node):
-        if isinstance(node, dict):
-            if node.get("type") == "json_schema" and node.get("style") == "json":
-                slots.append(node["json_schema"])
-            if node.get("type") == "grammar":
-                slots.append(node["grammar"])
-            for value in node.values():
-                collect(value)
-        elif isinstance(node, list):
-            for value in node:
-                collect(value)
-    collect(tag.model_dump())
+    slots = [node["json_schema"] if node["type"] == "json_schema" else node["grammar"]
+             for node in tag_nodes(tag)
+             if node.get("type") == "grammar" or (node.get("type") == "json_schema"
+                                                   and node.get("style") == "json")]
+    assert slots, name
     for slot in slots:
         if isinstance(slot, str) and grammar_style(slot) != "json":   # XML parameters
             grammar = xgrammar.Grammar.from_ebnf(slot)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -51,19 +50,8 @@ SEEDS = (0, 1, 2)
 REQUIRED_MAX_TOKENS = 200
 AUTO_MAX_TOKENS = 40
 
-@dataclass(frozen=True)
-class Case:
-    parser: str
-
-
-CASES = [
-    Case("allowed_hermes"),
-    Case("allowed_qwen3_coder"),
-    Case("allowed_llama3_json"),
-    Case("allowed_mistral"),
-    Case("allowed_pythonic"),
-]
-CASE_BY_PARSER = {case.parser: case for case in CASES}
+PARSERS = ["allowed_hermes", "allowed_qwen3_coder", "allowed_llama3_json", "allowed_mistral",
+           "allowed_pythonic"]
 
 
 # ----------------------------------------------------------------------------------------- servers
@@ -84,13 +72,12 @@ def start_parser_server(parser: str, model_dir: Path | None = None,
                             options=options)
 
 
-@pytest.fixture(scope="module", params=[case.parser for case in CASES])
+@pytest.fixture(scope="module", params=PARSERS)
 def served(request, tmp_path_factory):
-    """(case, server, model folder) for one parser; the previous parser's server is stopped first."""
-
-    case = CASE_BY_PARSER[request.param]
-    server = start_parser_server(case.parser)   # serve-tiny adds the format's tokens to a copy
-    yield case, server, format_model(case.parser)
+    """(parser, server, model folder) for one parser; the previous parser's server is stopped first."""
+    parser = request.param
+    server = start_parser_server(parser)   # serve-tiny adds the format's tokens to a copy
+    yield parser, server, format_model(parser)
     stop_cli_server(server)
 
 
@@ -119,10 +106,10 @@ def calls_for(api: str, server: ServeTinyProcess, mode: str, seed: int, max_toke
 # ----------------------------------------------------------------------------------------- tests
 
 def test_parser_is_served_with_its_own_template(served):
-    case, server, _ = served
+    parser, server, _ = served
     log = server.log_text()
-    assert f"'tool_call_parser': '{case.parser}'" in log
-    assert f"{TEMPLATE_FOR_PARSER[case.parser]}.jinja" in log
+    assert f"'tool_call_parser': '{parser}'" in log
+    assert f"{TEMPLATE_FOR_PARSER[parser]}.jinja" in log
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
@@ -157,7 +144,7 @@ def test_server_renders_the_template_like_render_py(served):
     import httpx
     from tokenizers import Tokenizer
 
-    case, server, model_dir = served
+    parser, server, model_dir = served
     catalog, subset = catalog_and_subset(0)
     tools = [tool.chat_tool() for tool in catalog]
     rng = random.Random(4)
@@ -182,7 +169,7 @@ def test_server_renders_the_template_like_render_py(served):
     token_ids = reply.json()["token_ids"]
     served_text = Tokenizer.from_file(str(model_dir / "tokenizer.json")).decode(
         token_ids, skip_special_tokens=False)
-    template = TEMPLATE_FOR_PARSER[case.parser]
+    template = TEMPLATE_FOR_PARSER[parser]
     expected = render_with_policy(messages, tools, template, {"mode": "required", "names": subset})
     block = policy_block_offset(served_text, template)
     assert block is not None, served_text[-400:]
@@ -346,7 +333,7 @@ def test_mistral_required_schema_matches_the_parsers_call_format(glue, api):
     assert json.loads(info.tool_calls[0].function.arguments) == {"priority": "high"}
 
 
-@pytest.mark.parametrize("parser", [case.parser for case in CASES])
+@pytest.mark.parametrize("parser", PARSERS)
 @pytest.mark.parametrize("mode", ["auto", "required"])
 def test_policy_keeps_the_base_parsers_detokenizer_settings(glue, parser, mode):
     """The policy path replaces the base parser's grammar, not its other side effects: where the base
