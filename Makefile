@@ -10,7 +10,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -e '.[cpu,test]'
+	$(PY) -m pip install -e '.[cpu,test,real-model]'
 	$(PY) -m vllm_allowed_tools.devtools.cpu_setup
 	touch $(STAMP)
 

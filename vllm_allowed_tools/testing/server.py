@@ -112,6 +112,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
     model and template under plain vLLM, for parity tests and baselines.
     """
     plugin = [] if vanilla or one_flag else ["--middleware", MIDDLEWARE]
+    max_len = model_max_len(model_dir)
     backend = [] if one_flag else ["--structured-outputs-config.backend", "xgrammar"]
     if chat_template is None:
         chat_template = template_for_parser(parser) or MODEL_TEMPLATE
@@ -121,11 +122,11 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         "sys.argv[0] = 'vllm'; sys.exit(main())",
         "serve", str(model_dir), "--served-model-name", SERVED_MODEL_NAME,
         "--host", host, "--port", str(port),
-        "--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager",
+        "--dtype", "float32", "--max-model-len", str(max_len), "--enforce-eager",
         "--block-size", "32", "--max-num-seqs", "32",
         # vLLM 0.32 CPU: a seeded request whose prefill gets chunked kills the engine ("CPU
         # Generator does not use offset"); a whole-context batch budget never chunks
-        "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(MAX_MODEL_LEN),
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max_len),
         "--enable-auto-tool-choice", "--tool-call-parser", parser,
         *template,
         *backend,
@@ -134,6 +135,17 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         *plugin,
         *extra_args,
     ]
+
+
+def model_max_len(model_dir: Path) -> int:
+    """:data:`MAX_MODEL_LEN`, or less where the model's positions end sooner (the real model: 8K)."""
+    import json
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return MAX_MODEL_LEN
+    positions = config.get("max_position_embeddings")
+    return min(MAX_MODEL_LEN, positions) if isinstance(positions, int) and positions > 0 else MAX_MODEL_LEN
 
 
 def preflight() -> None:
