@@ -245,6 +245,13 @@ class GuardedSend:
         if message.get("more_body", False):
             return
         start = dict(self._start or {})
+        if self._stop.event.is_set():
+            # the client left before the answer was ready: vLLM's handler was cancelled
+            # (``with_cancellation``) and FastAPI answers its None as a 200 ``null`` to nobody.
+            # Nothing goes out, so nothing is refused, counted or logged as a violation.
+            self._finished = self._quiet = True
+            logger.debug("vllm-allowed-tools: the client left before its unary answer; dropped")
+            return
         try:
             data = json.loads(self._buffer)
         except ValueError:
