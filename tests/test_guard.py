@@ -719,8 +719,62 @@ def _record(base_url: str) -> None:   # pragma: no cover - manual, see the modul
         print("recorded", path.name)
 
 
+def _unary_through_the_guard(body: bytes, client_leaves: bool) -> list[dict[str, Any]]:
+    """A fake vLLM route behind GuardedSend on a policy turn: it waits for its answer while
+    listening for a disconnect (vLLM's ``with_cancellation``); a client that leaves gets the
+    cancelled handler's None, which FastAPI sends as a 200 ``null``. What went out is returned."""
+    import asyncio
+
+    from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
+
+    sent: list[dict[str, Any]] = []
+
+    async def client_send(message):
+        sent.append(message)
+
+    async def client_receive():
+        if client_leaves:
+            return {"type": "http.disconnect"}
+        await asyncio.sleep(3600)
+
+    async def scenario() -> None:
+        stop = StopSignal()
+        send = GuardedSend(client_send, "chat", AllowedNames(frozenset({"get_weather"})), {}, stop,
+                           (2, 4))
+        receive = stop.receive(b"{}", client_receive)
+        await receive()   # the request body
+        listener = asyncio.ensure_future(receive())
+        await asyncio.sleep(0.01)
+        if listener.done():   # the client left: the handler is cancelled, None rendered
+            assert listener.result()["type"] == "http.disconnect"
+        else:
+            listener.cancel()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    asyncio.run(scenario())
+    return sent
+
+
+def test_a_client_that_left_a_unary_turn_is_no_violation():
+    """A client gone before its unary answer (a timeout under load) is not a refused answer: vLLM's
+    ``null`` goes nowhere, and no violation is counted or blamed on the server's set-up."""
+    before = violations()
+    assert _unary_through_the_guard(b"null", client_leaves=True) == []
+    assert delta(before, "unreadable") == 0
+
+
+def test_a_null_answer_to_a_client_still_waiting_is_refused():
+    before = violations()
+    sent = _unary_through_the_guard(b"null", client_leaves=False)
+    assert sent[0]["status"] == 500 and delta(before, "unreadable") == 1
+    assert json.loads(sent[1]["body"])["error"]["code"] == "allowed_tools_violation"
+
+
 if __name__ == "__main__":   # pragma: no cover
     if len(sys.argv) == 3 and sys.argv[1] == "record":
         _record(sys.argv[2])
     else:
         print(__doc__)
+
