@@ -131,3 +131,18 @@ def test_arms(placements):
     assert len(keys) == len(set(keys))
     if placements:
         assert "P[system-message] allowed req@2" in keys and keys[-2:] == ["P auto", "P req"]
+
+
+def test_system_message_placement_renders_as_the_template_variable_on_hermes():
+    """Why the benchmark serves template-variable and last-message by default: on the hermes
+    template a trailing system message is the template's own policy block, byte for byte."""
+    from vllm_allowed_tools.request.placement import place_policy
+
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    tools = accuracy.bfcl_tools(FUNCTIONS)
+    names = ["weather", "geo_distance"]
+    variable = render_chat(messages, tools, allowed_tools_policy={"mode": "required", "names": sorted(names)})
+    placed = place_policy({"messages": messages}, "chat", "system-message", "required", names)
+    assert render_chat(placed["messages"], tools) == variable
+    last = place_policy({"messages": messages}, "chat", "last-message", "required", names)
+    assert render_chat(last["messages"], tools) != variable
