@@ -1,15 +1,20 @@
 """The approval chat (``examples/approval_chat``), driven as a person drives it: in a real headless
-Chromium, through its one command (the app starts serve-tiny itself with the example's policy).
+Chromium, through its one command (the app starts ``serve-tiny --flavour real`` itself: the real
+SmolLM2-135M-Instruct, with the example's policy), one start for the module.
 
-A person types a request, sees the approval prompt (the tool, its arguments, the server's message,
+A person types a request and sees the turn's tools (which it allows, which ask first), then the
+approval prompt scrolled into view (the tool, the arguments the model wrote, the server's message,
 one control per offered scope plus decline and cancel, each with its meaning), chooses "this
-session" with the keyboard, sees the call run and the answer, sees the grant on My approvals,
-revokes it and is asked again; a decline gets the model's answer to it; two parallel approvals are
-sent only once both are answered. Each step leaves a screenshot in the folder the test prints.
+session" with the keyboard, sees the call run and the answer, sees the next call run labelled as
+run under the session grant, sees the grant on My approvals, revokes it and is asked again; a
+decline, its reason typed before the Decline button, gets the model's answer in words. Two
+parallel approvals (a scripted stand-in server) are sent only once both are answered. Each step
+leaves a screenshot in the folder the test prints.
 
 Determinism: the app's documented tool rule (a message naming a tool makes the first request
-``allowed_tools`` ``required`` over it, at temperature 0) makes the tiny model call exactly the
-tool the message names.
+``allowed_tools`` ``required`` over it) and temperature 0 make the model call exactly the tool the
+message names, with the same arguments every run; the test checks what a person would expect of
+them (the email goes to Bob, the file deleted is the one named).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ APP = ROOT / "examples" / "approval_chat" / "app.py"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 KEY_A, KEY_B = "person-a-key", "person-b-key"
-STEP_TIMEOUT_S = 240     # one agent action: a few tiny-model requests on a loaded 2-core machine
+STEP_TIMEOUT_S = 600     # one agent action: two or three model requests on a loaded 2-core machine
 
 webdriver = pytest.importorskip("selenium.webdriver",
                                 reason="selenium is not installed: pip install -e '.[test]'")
@@ -98,8 +103,8 @@ class ScriptedResponses(http.server.ThreadingHTTPServer):
 
 
 def _scripted_elicitation(name: str) -> dict[str, Any]:
-    arguments = {"send_email": {"path": "notes", "unit": "c"},
-                 "delete_file": {"city": "oslo", "day": "friday"}}[name]
+    arguments = {"send_email": {"to": "Bob", "subject": "Notes", "body": "The notes."},
+                 "delete_file": {"path": "old_report.txt"}}[name]
     return {"id": "elicit_" + secrets.token_hex(8), "type": "elicitation",
             "elicitation_type": "tool_call_approval", "message": f"The assistant wants to call {name}.",
             "call_id": "call_" + secrets.token_hex(4), "name": name, "namespace": None,
@@ -204,7 +209,7 @@ def browser() -> Iterator[Any]:
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                     "--window-size=1100,1400", "--disable-gpu"):
+                     "--window-size=1100,900", "--disable-gpu"):
         options.add_argument(argument)
     try:   # the driver named explicitly: Selenium's own driver download cannot work offline
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -278,6 +283,15 @@ class Page:
         self.wait(lambda: len(self.entries("*")) > before and self.state() in ("idle", "waiting"),
                   f"the answer to {text!r}")
 
+    def last(self, kind: str) -> Any:
+        return self.entries(kind)[-1]
+
+    def in_view(self, element: Any) -> bool:
+        """Whether ``element`` lies wholly inside the browser's viewport."""
+        return self.driver.execute_script(
+            "const r = arguments[0].getBoundingClientRect();"
+            "return r.top >= 0 && r.bottom <= window.innerHeight && r.height > 0;", element)
+
     def kinds_after(self, entry: Any) -> list[str]:
         """The kinds (user, assistant, call, ...) of the transcript entries after ``entry``."""
         return self.driver.execute_script(
@@ -306,23 +320,52 @@ def page(browser, chat_app, shots) -> Page:
     return page
 
 
+def _meaning(page: Page, button: Any) -> str:
+    return page.driver.find_element(By.ID, button.get_attribute("aria-describedby")).text
+
+
+def _arguments(card: Any) -> dict[str, str]:
+    """A call's or prompt's arguments as the page lists them."""
+    names = [dt.text for dt in card.find_elements(By.CSS_SELECTOR, "dl.arguments dt")]
+    values = [dd.text for dd in card.find_elements(By.CSS_SELECTOR, "dl.arguments dd")]
+    return dict(zip(names, values, strict=True))
+
+
+def _turn_gates(note: Any) -> dict[str, str]:
+    """A turn note's tools and what each does (``gate-asks``, ``gate-session``, ...)."""
+    return {li.get_attribute("data-tool"): li.get_attribute("class")
+            for li in note.find_elements(By.CSS_SELECTOR, "ul.turn-tools li")}
+
+
+def _no_call_markup(text: str) -> bool:
+    return "<tool_call>" not in text and '"arguments"' not in text
+
+
 # ---------------------------------------------------------------------------------- the tests
 
 
 @pytest.mark.server
-def test_the_page_asks_shows_what_each_option_means_and_a_session_grant_runs_the_next_call(page):
-    page.say("Please email the notes to Bob.")
+def test_the_page_asks_shows_the_turns_tools_and_a_session_grant_runs_the_next_call(page):
+    page.say("Please email the meeting notes to Bob.")
     assert page.state() == "waiting"
+    note = page.last("turn")
+    assert note.get_attribute("data-allowed") == "send_email"
+    assert note.get_attribute("data-gated") == "send_email"
+    assert _turn_gates(note) == {"send_email": "gate-asks"}
+    assert "asks for your approval" in note.text
     [card] = page.open_approvals()
     assert card.get_attribute("data-tool") == "send_email"
     assert "cannot be unsent" in card.find_element(By.CSS_SELECTOR, ".server-message").text
-    arguments = card.find_elements(By.CSS_SELECTOR, "dl.arguments dt")
-    assert sorted(dt.text for dt in arguments) == ["path", "unit"]   # send_email's parameters
+    arguments = _arguments(card)
+    assert sorted(arguments) == ["body", "subject", "to"], arguments
+    assert "bob" in arguments["to"].lower(), arguments   # what the person asked for
+    assert arguments["subject"].strip() and arguments["body"].strip(), arguments
     labels = [b.text for b in card.find_elements(By.CSS_SELECTOR, "button.choice-button")]
     assert labels == ["Allow once", "Allow for this session", "Always allow", "Decline", "Cancel"]
     for button in card.find_elements(By.CSS_SELECTOR, "button.choice-button"):
         meaning = page.driver.find_element(By.ID, button.get_attribute("aria-describedby"))
         assert len(meaning.text) > 30, (button.text, meaning.text)   # each choice is explained
+        assert page.in_view(button), f"{button.text!r} is not scrolled into view"
     assert "in this chat" in _meaning(page, _option(card, "accept", "session"))
     assert "every chat" in _meaning(page, _option(card, "accept", "always"))
     assert page.driver.find_element(By.ID, "message").get_attribute("disabled"), \
@@ -343,19 +386,25 @@ def test_the_page_asks_shows_what_each_option_means_and_a_session_grant_runs_the
     page.wait(lambda: page.state() == "idle" and page.desk("outbox"), "the approved call to run")
     assert "Allow for this session" in card.find_element(By.CSS_SELECTOR, ".answer-state").text
     assert page.kinds_after(card)[:3] == ["call", "result", "assistant"], page.kinds_after(card)
-    assert len(page.desk("outbox")) == 1
+    call = page.last("call")
+    assert call.get_attribute("data-released") == "approval"
+    assert _arguments(call) == arguments, "the call that ran is the one the person approved"
+    [sent] = page.desk("outbox")
+    assert sent.startswith(f"To {arguments['to']}: {arguments['subject']}"), sent
+    assert _no_call_markup(page.last("assistant").text), page.last("assistant").text
     page.shot("02-approved-for-the-session")
 
-    # the grant releases the next call of this chat without asking
-    page.say("Email it to Bob again.")
+    # the grant releases the next call of this chat without asking, and the page says so
+    page.say("Email Bob again to remind him about the meeting.")
     page.wait(lambda: page.state() == "idle" and len(page.desk("outbox")) == 2,
               "the second email, under the session grant")
     assert page.open_approvals() == [] and len(page.entries("approval")) == 1
+    assert _turn_gates(page.last("turn")) == {"send_email": "gate-session"}
+    call = page.last("call")
+    assert call.get_attribute("data-released") == "session"
+    assert "session grant" in call.find_element(By.CSS_SELECTOR, ".released").text
+    assert "bob" in _arguments(call)["to"].lower()
     page.shot("03-the-grant-ran-the-next-call")
-
-
-def _meaning(page: Page, button: Any) -> str:
-    return page.driver.find_element(By.ID, button.get_attribute("aria-describedby")).text
 
 
 @pytest.mark.server
@@ -391,6 +440,7 @@ def test_my_approvals_lists_the_grant_only_to_its_holder_and_revoking_it_asks_ag
     page.say("Email Bob one more time.")
     assert page.state() == "waiting"
     assert len(page.entries("approval")) == asked_before + 1, "the revoked grant must ask again"
+    assert _turn_gates(page.last("turn")) == {"send_email": "gate-asks"}
     [card] = page.open_approvals()
     assert card.get_attribute("data-tool") == "send_email"
     assert len(page.desk("outbox")) == 2, "nothing ran without the person"
@@ -401,20 +451,33 @@ def test_my_approvals_lists_the_grant_only_to_its_holder_and_revoking_it_asks_ag
 
 
 @pytest.mark.server
-def test_a_decline_reaches_the_model_which_answers_it(page):
+def test_a_decline_with_its_reason_typed_first_reaches_the_model_which_answers_in_words(page):
     page.new_chat()
-    page.say("Delete the old file, please.")
+    page.say("Delete the file old_report.txt, please.")
     [card] = page.open_approvals()
     assert card.get_attribute("data-tool") == "delete_file"
+    assert _arguments(card) == {"path": "old_report.txt"}
     labels = [b.text for b in card.find_elements(By.CSS_SELECTOR, "button.choice-button")]
     assert labels == ["Allow once", "Decline", "Cancel"], "the policy offers only once"
-    card.find_element(By.CSS_SELECTOR, "input.reason").send_keys("Keep it for now")
-    _option(card, "decline").click()
+
+    # the reason comes before the Decline button: Tab from "Allow once" reaches it first
+    driver = page.driver
+    driver.execute_script("arguments[0].focus()", _option(card, "accept", "once"))
+    driver.switch_to.active_element.send_keys(Keys.TAB)
+    reason = card.find_element(By.CSS_SELECTOR, "input.reason")
+    assert driver.switch_to.active_element == reason, "the reason field precedes Decline"
+    assert page.in_view(reason) and page.in_view(_option(card, "decline"))
+    reason.send_keys("Keep it for now")
+    reason.send_keys(Keys.TAB)
+    assert driver.switch_to.active_element == _option(card, "decline")
+    driver.switch_to.active_element.send_keys(Keys.ENTER)
     page.wait(lambda: page.state() == "idle" and "assistant" in page.kinds_after(card),
               "the model's answer to the decline")
     assert "Decline (reason: Keep it for now)" in card.find_element(
         By.CSS_SELECTOR, ".answer-state").text
     assert page.kinds_after(card) == ["assistant"], "a decline runs nothing"
+    answer = page.last("assistant").find_element(By.CSS_SELECTOR, ".text").text
+    assert answer.strip() and _no_call_markup(answer), answer   # words, not call-shaped text
     assert page.desk("deleted") == []
     page.shot("07-declined-and-answered")
 

@@ -1,6 +1,8 @@
 """The approval chat's rules without a browser or a model server (examples/approval_chat): only
 the holder of an API key sees and revokes its grants, answers wait for every approval unless the
-person submits explicitly, and each prompt's options say what they do under the policy."""
+person submits explicitly, each prompt's options say what they do under the policy, each turn's
+note says which tools it allows and which ask first, and a gated call is labelled with what let it
+run (the person's accept or a grant of theirs)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,14 @@ if str(EXAMPLE) not in sys.path:   # the example's modules import each other as 
 from agent import Agent, AnswerError  # noqa: E402
 from approval_options import ApprovalOptions  # noqa: E402
 from conversation import Conversation  # noqa: E402
-from my_grants import MyGrants, NotYourGrant  # noqa: E402
+from desk_tools import DeskTools, tool_definitions  # noqa: E402
+from my_grants import GrantView, MyGrants, NotYourGrant  # noqa: E402
 from tool_rule import must_call, tools_asked_for  # noqa: E402
+from turn_notes import released_by, turn_note  # noqa: E402
+
+from vllm_allowed_tools.approvals.wire import session_of  # noqa: E402
+
+POLICY = ApprovalOptions(load_policy(EXAMPLE / "policy.toml"))
 
 
 def _mint(store: SQLiteGrantStore, principal: str, name: str = "send_email") -> str:
@@ -103,6 +111,7 @@ def test_answers_are_sent_only_when_all_are_given_or_the_person_submits():
 def test_the_tool_rule_forces_the_named_tools_and_otherwise_asks_for_text():
     assert tools_asked_for("Please EMAIL Bob and check the weather.") == ["get_weather",
                                                                           "send_email"]
+    assert tools_asked_for("Please email the meeting notes to Bob.") == ["send_email"]
     assert tools_asked_for("Hello there") == [] and must_call([]) == "none"
     assert must_call(["send_email"]) == {"type": "allowed_tools", "mode": "required",
                                          "tools": [{"type": "function", "name": "send_email"}]}
@@ -118,3 +127,60 @@ def test_each_option_says_what_it_does_under_the_policy():
     assert "any arguments" in options["session"].meaning
     unknown = ApprovalOptions(None).for_prompt("delete_file", None, ["once"])
     assert [o.label for o in unknown] == ["Allow once", "Decline", "Cancel"]
+
+
+def _grant(tool: str, scope: str, chat: str | None) -> GrantView:
+    session = session_of({"prompt_cache_key": chat}) if chat else None
+    return GrantView(id=f"grant_{tool}_{scope}", tool=tool, scope=scope, session=session,
+                     bound_to_arguments=False, created_at=time.time(), expires_at=None)
+
+
+def test_a_turns_note_names_its_tools_and_which_ask_first():
+    note = turn_note(["get_weather", "send_email"], "required", POLICY, [], "chat-1")
+    assert note["tools"] == [{"name": "get_weather", "gate": "free"},
+                             {"name": "send_email", "gate": "asks"}]
+    assert note["gated"] == ["send_email"] and note["mode"] == "required"
+    granted = turn_note(["send_email"], "required", POLICY,
+                        [_grant("send_email", "session", "chat-1")], "chat-1")
+    assert granted["tools"] == [{"name": "send_email", "gate": "session"}]
+    elsewhere = turn_note(["send_email"], "required", POLICY,
+                          [_grant("send_email", "session", "chat-2")], "chat-1")
+    assert elsewhere["tools"][0]["gate"] == "asks", "another chat's session grant does not apply"
+    unknown = turn_note(["send_email"], "required", ApprovalOptions(None), [], "chat-1")
+    assert unknown["tools"][0]["gate"] == "unknown"
+    assert turn_note([], "none", POLICY, [], "chat-1")["tools"] == []
+
+
+def test_a_gated_call_is_labelled_with_what_let_it_run():
+    call = {"type": "function_call", "call_id": "call_1", "name": "send_email", "arguments": "{}"}
+    asked = {"type": "elicitation", "id": "elicit_1", "call_id": "call_1", "name": "send_email"}
+    accepted = {"type": "elicitation_response", "elicitation_id": "elicit_1", "action": "accept",
+                "scope": "session"}
+    session = [_grant("send_email", "session", "chat-1")]
+    assert released_by(call, [asked, accepted], POLICY, session, "chat-1")["via"] == "approval"
+    under = released_by(call, [], POLICY, session, "chat-1")
+    assert under["via"] == "grant" and under["scope"] == "session"
+    assert "session grant" in under["text"]
+    always = released_by(call, [], POLICY, [_grant("send_email", "always", None)], "chat-9")
+    assert always["scope"] == "always"
+    assert released_by(call, [], POLICY, [], "chat-1") is None
+    weather = {**call, "name": "get_weather"}
+    assert released_by(weather, [], POLICY, [_grant("get_weather", "always", None)],
+                       "chat-1") is None, "a tool that never asks ran under no grant"
+
+
+def test_the_tools_have_arguments_a_person_reads_and_run_behind_the_guard():
+    tools = {tool["name"]: tool for tool in tool_definitions()}
+    assert set(tools["send_email"]["parameters"]["required"]) == {"to", "subject", "body"}
+    assert tools["get_weather"]["parameters"]["required"] == ["city"]
+    desk = DeskTools("person")
+    body = {"model": "m", "input": [], "tools": tool_definitions(), "tool_choice": must_call(
+        ["send_email"])}
+    call = {"type": "function_call", "call_id": "c1", "name": "send_email",
+            "arguments": '{"to": "Bob", "subject": "Notes", "body": "Here they are."}'}
+    assert desk.run(call, body, "s").ok and desk.desk.outbox == ["To Bob: Notes — Here they are."]
+    refused = desk.run({**call, "call_id": "c2", "name": "delete_file",
+                        "arguments": '{"path": "a.txt"}'}, body, "s")
+    assert not refused.ok and desk.desk.deleted == [], "a tool this turn did not allow never runs"
+    wrong = desk.run({**call, "call_id": "c3", "arguments": '{"to": "Bob"}'}, body, "s")
+    assert not wrong.ok and len(desk.desk.outbox) == 1, "arguments off the schema never run"

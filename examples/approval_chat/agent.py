@@ -23,9 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from approval_options import ApprovalOptions
 from conversation import Conversation, Viewer
 from desk_tools import DeskTools, tool_definitions
+from my_grants import GrantView, MyGrants
 from tool_rule import TEXT_ANSWER, must_call, tools_asked_for
+from turn_notes import released_by, turn_note
+
+from vllm_allowed_tools.approvals.errors import GrantStoreUnavailable
 
 #: model requests one action of the person may cause (a call, its result, the answer, one spare)
 MAX_STEPS = 4
@@ -56,7 +61,7 @@ class Upstream:
 
     base_url: str
     model: str = "tiny"
-    max_output_tokens: int = 48
+    max_output_tokens: int = 96
 
 
 Event = dict[str, Any]
@@ -66,11 +71,24 @@ class Agent:
     """The loop for every person: ``say`` and ``answer`` check what they can before anything is
     sent (raising AnswerError) and return the turn's events to stream."""
 
-    def __init__(self, upstream: Upstream, client: httpx.AsyncClient, viewer: Viewer) -> None:
+    def __init__(self, upstream: Upstream, client: httpx.AsyncClient, viewer: Viewer,
+                 options: ApprovalOptions, grants: MyGrants | None = None) -> None:
         self._upstream = upstream
         self._client = client
         self._viewer = viewer
+        self._options = options
+        self._grants = grants
         self._tools = tool_definitions()
+
+    async def _live_grants(self, person: Person) -> list[GrantView]:
+        """The person's live grants, for the page's notes only (none when the store is down:
+        the server fails closed on its own, the page merely says less)."""
+        if self._grants is None:
+            return []
+        try:
+            return await asyncio.to_thread(self._grants.live, person.api_key)
+        except GrantStoreUnavailable:
+            return []
 
     def say(self, person: Person, text: str) -> AsyncIterator[Event]:
         """A new message from the person: one turn of the loop (AnswerError, before anything is
@@ -85,8 +103,13 @@ class Agent:
         message = {"role": "user", "content": text}
         chat.history.append(message)
         chat.turn_tools = tools_asked_for(text)
+        choice = must_call(chat.turn_tools)
         yield {"type": "item", "item": self._viewer.view(chat, message)}
-        async for event in self._loop(person, must_call(chat.turn_tools)):
+        note = turn_note(chat.turn_tools, "required" if chat.turn_tools else "none", self._options,
+                         await self._live_grants(person), chat.session)
+        chat.turn_notes[len(chat.history) - 1] = note
+        yield {"type": "item", "item": note}
+        async for event in self._loop(person, choice):
             yield event
 
     def answer(self, person: Person, answers: Sequence[Mapping[str, Any]], *,
@@ -139,11 +162,17 @@ class Agent:
                     continue
                 chat.history.append(kept)
                 if kept.get("type") == "function_call":
-                    calls.append(kept)
+                    calls.append(kept)   # shown below, once the app knows what released it
+                    continue
                 if kept.get("type") == "elicitation":
                     chat.pending.append(kept)
                 yield {"type": "item", "item": self._viewer.view(chat, kept)}
+            grants = await self._live_grants(person) if calls else []
             for call in calls:
+                why = released_by(call, chat.history, self._options, grants, chat.session)
+                if why is not None:
+                    chat.released[call["call_id"]] = why
+                yield {"type": "item", "item": self._viewer.view(chat, call)}
                 run = await asyncio.to_thread(person.tools.run, call, body, chat.session)
                 output = {"type": "function_call_output", "call_id": run.call_id,
                           "output": run.output}

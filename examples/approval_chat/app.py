@@ -3,9 +3,10 @@
     python examples/approval_chat/app.py            # starts serve-tiny itself, then the page
     python examples/approval_chat/app.py --base-url http://127.0.0.1:8000/v1 --grant-store grants.db
 
-Without ``--base-url`` it serves the tool-happy tiny model with the plugin, the approval policy
-next to this file (``policy.toml``: ``send_email`` and ``delete_file`` need a person's approval)
-and a fresh grant store, under API keys it prints (each key is one person). With ``--base-url`` it
+Without ``--base-url`` it serves a real instruct model (SmolLM2-135M-Instruct, ``serve-tiny
+--flavour real``, built on first use from a pinned registry package) with the plugin, the approval
+policy next to this file (``policy.toml``: ``send_email`` and ``delete_file`` need a person's
+approval) and a fresh grant store, under API keys it prints (each key is one person). With ``--base-url`` it
 uses a running server, and ``--grant-store`` must name that server's store (the same SQLite file or
 PostgreSQL DSN): the My approvals page reads and revokes grants through the package's store API.
 
@@ -72,8 +73,8 @@ def _start_model_server(args: argparse.Namespace) -> tuple[ServeTinyProcess, Pat
     store = state / "grants.db"
     keys = args.api_keys or [secrets.token_urlsafe(12) for _ in range(2)]
     policy = args.policy or POLICY
-    _say(f"starting the model server (tool-happy tiny model, policy {policy}) ...")
-    server = start_serve_tiny("tool-happy", extra_args=["--api-key", *keys],
+    _say(f"starting the model server (SmolLM2-135M-Instruct, policy {policy}) ...")
+    server = start_serve_tiny("real", extra_args=["--api-key", *keys],
                               env={"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy),
                                    "VLLM_ALLOWED_TOOLS_GRANT_STORE": str(store)},
                               log_path=state / "vllm.log")

@@ -43,6 +43,12 @@ class ApprovalOptions:
     def __init__(self, policy: ApprovalPolicy | None) -> None:
         self._policy = policy
 
+    def needs_approval(self, name: str, namespace: str | None = None) -> bool | None:
+        """Whether the policy gates ``name`` (before any definition hint); None without a policy."""
+        if self._policy is None:
+            return None
+        return self._policy.effective(ToolIdentity(namespace, name)).required
+
     def for_prompt(self, name: str, namespace: str | None,
                    requested_scopes: list[str]) -> list[Option]:
         tool = ToolIdentity(namespace, name).flat_name

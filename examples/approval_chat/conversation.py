@@ -37,6 +37,10 @@ class Conversation:
     pending: list[dict[str, Any]] = field(default_factory=list)
     #: the tools this turn's first request had to call (an accept is resent allowing them)
     turn_tools: list[str] = field(default_factory=list)
+    #: history index of a person's message -> the page's note on that turn's tools
+    turn_notes: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: call id -> why a gated call ran (the person's accept, or a grant of theirs)
+    released: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def answer_to(self, elicitation_id: str) -> dict[str, Any] | None:
         """The person's ``elicitation_response`` to one elicitation, if the history holds one."""
@@ -60,9 +64,15 @@ class Viewer:
         self._options = options
 
     def views(self, chat: Conversation) -> list[dict[str, Any]]:
-        """Every history item the page shows, in order."""
-        return [view for view in (self.view(chat, item) for item in chat.history)
-                if view is not None]
+        """Every history item the page shows, in order, each turn's note after its message."""
+        shown = []
+        for index, item in enumerate(chat.history):
+            view = self.view(chat, item)
+            if view is not None:
+                shown.append(view)
+            if index in chat.turn_notes:
+                shown.append(chat.turn_notes[index])
+        return shown
 
     def view(self, chat: Conversation, item: dict[str, Any]) -> dict[str, Any] | None:
         """The page's view of one history item (None: not shown, e.g. the system prompt)."""
@@ -74,7 +84,8 @@ class Viewer:
             return {"kind": role, "text": _text(item.get("content"))}
         if kind == "function_call":
             return {"kind": "call", "call_id": item["call_id"], "name": item["name"],
-                    "arguments": readable_arguments(item.get("arguments", ""))}
+                    "arguments": readable_arguments(item.get("arguments", "")),
+                    "released": chat.released.get(item["call_id"])}
         if kind == "function_call_output":
             return {"kind": "result", "call_id": item["call_id"],
                     "name": chat.call_name(item["call_id"]), "output": item.get("output", "")}

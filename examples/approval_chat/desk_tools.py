@@ -7,8 +7,11 @@ the name must be one this turn allowed and the arguments must match the schema, 
 server returned. Whether a gated call may run at all is the server's decision (it releases it only
 after an approval or under a grant); the app never decides that itself.
 
-Names and argument enums come from ``vllm_allowed_tools.testing.tool_pool``: the tiny test model
-only knows those names.
+The definitions are what the model reads: plain names, one-line descriptions and argument names a
+person would use (``send_email(to, subject, body)``), every argument required, no examples in the
+descriptions (a small model copies an example instead of reading the request). They are ``strict``:
+the server then holds each call's arguments to the schema and the guard refuses anything else, the
+right promise for an app whose tools act on a person's behalf.
 """
 
 from __future__ import annotations
@@ -18,10 +21,43 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_allowed_tools.dispatch import Dispatcher, DispatchError, Invocation, TurnContext, allow_all
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+
+def _text(name: str, description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description, "maxLength": LONGEST.get(name, SHORT)}
+
+
+#: the longest value of each argument, in characters (default: :data:`SHORT`): a small model may
+#: run on in a free-text field until the token limit; a bound makes the server close the string
+SHORT, LONGEST = 80, {"body": 240}
+
+#: name -> (description, {argument: description}); every argument is a required string
+SPECS: dict[str, tuple[str, dict[str, str]]] = {
+    "get_weather": ("Get the weather forecast for a city.",
+                    {"city": "The name of the city"}),
+    "add_calendar_event": ("Add an event to the user's calendar.",
+                           {"title": "A short title for the event", "day": "The day of the event",
+                            "time": "The time the event starts"}),
+    "send_email": ("Send an email from the user's account.",
+                   {"to": "The recipient's name or email address",
+                    "subject": "The subject line of the email",
+                    "body": "The text of the email"}),
+    "delete_file": ("Delete a file from the user's files.",
+                    {"path": "The name of the file to delete"}),
+}
 
 #: every tool the agent offers, each turn (a stable catalog; the turn narrows it)
-CATALOG = ("get_weather", "create_calendar", "send_email", "delete_file")
+CATALOG = tuple(SPECS)
+
+
+def tool_definitions() -> list[dict[str, Any]]:
+    """The Responses function tools of :data:`CATALOG`, sent unchanged every request (a stable
+    prefix the server's prompt cache reuses; each turn's ``allowed_tools`` narrows it)."""
+    return [{"type": "function", "name": name, "description": description, "strict": True,
+             "parameters": {"type": "object",
+                            "properties": {arg: _text(arg, text) for arg, text in arguments.items()},
+                            "required": list(arguments), "additionalProperties": False}}
+            for name, (description, arguments) in SPECS.items()]
 
 
 @dataclass
@@ -38,34 +74,25 @@ class Desk:
                 "deleted": list(self.deleted), "weather": list(self.weather)}
 
 
-def _describe(arguments: dict[str, Any]) -> str:
-    return ", ".join(f"{key} {value}" for key, value in sorted(arguments.items()))
-
-
 def _handlers(desk: Desk) -> dict[str, Callable[[dict[str, Any], Invocation], Any]]:
     def get_weather(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
-        desk.weather.append(f"forecast looked up ({_describe(arguments)}): sunny")
-        return {"forecast": "sunny", **arguments}
+        desk.weather.append(f"{arguments['city']}: sunny, 21 °C")
+        return {"city": arguments["city"], "forecast": "sunny", "temperature_c": 21}
 
-    def create_calendar(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
-        desk.calendar.append(f"meeting on {arguments['day']}")
-        return {"created": True, **arguments}
+    def add_calendar_event(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
+        desk.calendar.append(f"{arguments['day']} {arguments['time']}: {arguments['title']}")
+        return {"added": True, **arguments}
 
     def send_email(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
-        desk.outbox.append(f"email sent ({_describe(arguments)})")
-        return {"sent": True, **arguments}
+        desk.outbox.append(f"To {arguments['to']}: {arguments['subject']} — {arguments['body']}")
+        return {"sent": True, "to": arguments["to"], "subject": arguments["subject"]}
 
     def delete_file(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
-        desk.deleted.append(f"file deleted ({_describe(arguments)})")
-        return {"deleted": True, **arguments}
+        desk.deleted.append(arguments["path"])
+        return {"deleted": True, "path": arguments["path"]}
 
-    return {"get_weather": get_weather, "create_calendar": create_calendar,
+    return {"get_weather": get_weather, "add_calendar_event": add_calendar_event,
             "send_email": send_email, "delete_file": delete_file}
-
-
-def tool_definitions() -> list[dict[str, Any]]:
-    """The Responses function tools of :data:`CATALOG`, sent unchanged every request."""
-    return [POOL_BY_NAME[name].responses_tool() for name in CATALOG]
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
 """Which tools a person's message asks for: the app's simple, documented rule.
 
-The demo model is tiny and random: left to ``tool_choice: "auto"`` it calls whatever it likes. So
-the app decides, from words in the message, which tools the first request of a turn *must* call
-(``allowed_tools`` in ``required`` mode over those tools), and asks for a plain text answer
-(``tool_choice: "none"``) once the calls have run. A message naming no tool gets a text answer.
-With a real model, send ``"auto"`` (or an ``allowed_tools`` subset in ``auto`` mode) instead.
+The model is small (SmolLM2-135M-Instruct): left to ``tool_choice: "auto"`` with the whole catalog
+it mostly answers in prose, and now and then calls a tool the message never asked for. So the app
+decides each turn, from words in the message, which tools the first request *may* call, and sends
+``allowed_tools`` in ``required`` mode over just those: the catalog stays whole (the server's
+prompt cache reuses it) and the policy says which part of it this turn can use. Once the calls have
+run (or were declined) it asks for a plain text answer (``tool_choice: "none"``). A message naming
+no tool gets a text answer. With a larger model, ``allowed_tools`` in ``auto`` mode over a wider
+subset lets the model decide whether to call at all.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: tool -> words that ask for it (whole words, any case)
+#: tool -> words that ask for it (whole words, any case); "meeting" is not one: "email the
+#: meeting notes" asks for an email, not a calendar entry
 KEYWORDS: dict[str, tuple[str, ...]] = {
     "get_weather": ("weather", "forecast"),
-    "create_calendar": ("calendar", "meeting", "schedule"),
+    "add_calendar_event": ("calendar", "schedule"),
     "send_email": ("email", "mail", "e-mail"),
     "delete_file": ("delete", "remove"),
 }

@@ -151,7 +151,7 @@ class ChatSite:
         self._sign_ins = SignIns()
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
         self._viewer = Viewer(options)
-        self._agent = Agent(upstream, self._client, self._viewer)
+        self._agent = Agent(upstream, self._client, self._viewer, options, grants)
         self._running: set[asyncio.Task[None]] = set()   # agent turns still going
 
     def routes(self) -> list[Route | Mount]:

@@ -63,6 +63,32 @@ const render = {
     li.querySelector(".who").appendChild(el("code", "", view.name));
     li.dataset.callId = view.call_id;
     li.appendChild(argumentsList(view.arguments));
+    if (view.released) {
+      li.dataset.released = view.released.scope || view.released.via;
+      li.appendChild(el("p", "released " + view.released.via, view.released.text));
+    }
+  },
+
+  turn(view) {
+    const li = entry("turn", "Tools this turn");
+    li.dataset.allowed = view.tools.map((t) => t.name).join(" ");
+    li.dataset.gated = view.gated.join(" ");
+    if (view.tools.length === 0) {
+      li.appendChild(el("p", "help", "None: the assistant answers in words and calls nothing."));
+      return;
+    }
+    li.appendChild(el("p", "help", view.mode === "required"
+      ? "The assistant must call one of these, and nothing else:"
+      : "The assistant may call these, and nothing else:"));
+    const list = el("ul", "turn-tools");
+    for (const tool of view.tools) {
+      const item = el("li", "gate-" + tool.gate);
+      item.dataset.tool = tool.name;
+      item.appendChild(el("code", "", tool.name));
+      item.appendChild(document.createTextNode(" — " + GATES[tool.gate]));
+      list.appendChild(item);
+    }
+    li.appendChild(list);
   },
 
   result(view) {
@@ -81,6 +107,15 @@ const render = {
     pending.delete(view.elicitation_id);
     if (card) closeCard(card, describeAnswer(view, card.optionsByKey));
   },
+};
+
+/** what each tool state means for the person (turn_notes.turn_note's ``gate``) */
+const GATES = {
+  asks: "asks for your approval first",
+  session: "gated; your session grant lets it run without asking",
+  always: "gated; your standing grant lets it run without asking",
+  free: "runs without asking",
+  unknown: "the server's policy decides whether it asks",
 };
 
 function optionKey(action, scope) { return scope ? `${action}:${scope}` : action; }
@@ -127,16 +162,23 @@ function approvalCard(view) {
     button.addEventListener("click", () => choose(view.id, option));
     const meaning = el("p", "meaning", option.meaning);
     meaning.id = meaningId;
-    row.append(button, meaning);
-    if (option.action === "decline") {
+    if (option.action === "decline") {   // the reason comes first: Decline sends what it holds
       const reasonId = `${view.id}-reason`;
-      const label = el("label", "", "Reason for declining (optional; the assistant reads it)");
+      const label = el("label", "", "Why decline? (optional; the assistant reads it)");
       label.htmlFor = reasonId;
       const reason = el("input", "reason");
       reason.id = reasonId;
       reason.type = "text";
+      reason.addEventListener("keydown", (event) => {   // Enter in the reason declines
+        if (event.key === "Enter") {
+          event.preventDefault();
+          choose(view.id, option);
+        }
+      });
+      row.classList.add("decline");
       row.append(label, reason);
     }
+    row.append(button, meaning);
     fieldset.appendChild(row);
   }
   card.appendChild(fieldset);
@@ -187,8 +229,18 @@ function choose(id, option) {
     return;
   }
   updateApprovalBar();
-  const next = open[0].card.querySelector("h3");
-  next.focus();
+  focusPrompt(open[0].card);
+}
+
+/** Focus a prompt's heading and scroll its answer buttons into view (focus alone shows only the
+ * heading; the buttons may be below the fold). */
+function focusPrompt(card) {
+  card.querySelector("h3").focus({ preventScroll: true });
+  card.querySelector(".choices").scrollIntoView({ block: "end", inline: "nearest" });
+  const heading = card.querySelector("h3").getBoundingClientRect();
+  if (heading.top < 0 && card.getBoundingClientRect().height <= window.innerHeight) {
+    card.scrollIntoView({ block: "start" });
+  }
 }
 
 function updateApprovalBar() {
@@ -298,7 +350,7 @@ async function run(path, body) {
   updateApprovalBar();
   if (pending.size > 0) {
     const first = [...pending.values()].find((p) => p.choice === null) || [...pending.values()][0];
-    first.card.querySelector("h3").focus();
+    focusPrompt(first.card);
   } else {
     $("message").focus();
   }
