@@ -130,7 +130,7 @@ def test_base_parser_is_the_class_vllm_registers(name):
     assert ToolParserManager.lazy_parsers[name][1] == wire_format(name).base_parser_class
 
 
-def _vllm_tag(name: str, mode: str, parallel: bool):
+def _vllm_tag(name: str, mode: str, parallel: bool, every_tool: bool = False):
     from openai.types.responses import FunctionTool, ToolChoiceAllowed
     from vllm.tool_parsers import ToolParserManager
     from vllm.tool_parsers.structural_tag_registry import (
@@ -142,7 +142,8 @@ def _vllm_tag(name: str, mode: str, parallel: bool):
              for i in range(5)]
     model = ToolParserManager.get_tool_parser(name).structural_tag_model or REFERENCE_MODEL[name]
     tag = get_model_structural_tag(
-        model=model, tools=tools, reasoning=False, strict_level=ToolStrictLevel.FUNCTION,
+        model=model, tools=tools, reasoning=False,
+        strict_level=ToolStrictLevel.PARAMETER if every_tool else ToolStrictLevel.FUNCTION,
         tool_choice=ToolChoiceAllowed(type="allowed_tools", mode=mode,
                                       tools=[{"type": "function", "name": n} for n in ALLOWED]))
     return limit_to_single_tool_call(tag) if not parallel else tag
@@ -151,9 +152,13 @@ def _vllm_tag(name: str, mode: str, parallel: bool):
 @pytest.mark.parametrize("name", STRUCTURAL)
 @pytest.mark.parametrize("mode", ["auto", "required"])
 @pytest.mark.parametrize("parallel", [True, False])
-def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel):
-    ours = build_structural_tag(name, allowed_functions(), mode, parallel_tool_calls=parallel)
-    assert dumped(ours) == dumped(as_objects(name, _vllm_tag(name, mode, parallel), mode))
+@pytest.mark.parametrize("every_tool", [False, True], ids=["strict-only", "every-tool"])
+def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel, every_tool):
+    """Ours is vLLM's own tag for the subset: with only strict tools held to their schema, as
+    vLLM's ``--tool-strict-level function``; with every tool held (our default), as ``parameter``."""
+    ours = build_structural_tag(name, allowed_functions(), mode, parallel_tool_calls=parallel,
+                                every_tool=every_tool)
+    assert dumped(ours) == dumped(as_objects(name, _vllm_tag(name, mode, parallel, every_tool), mode))
 
 
 def as_objects(name: str, tag, mode: str):
@@ -305,7 +310,7 @@ def test_whitespace_cap_is_xgrammars_option_on_every_argument_grammar(name):
             for item in child if isinstance(child, list) else [child]:
                 cap(item)
     cap(theirs.format)
-    ours = build_structural_tag(name, allowed_functions(), "required", max_whitespace=2)
+    ours = build_structural_tag(name, allowed_functions(), "required", max_whitespace=2, every_tool=False)
     assert dumped(ours) == dumped(as_objects(name, theirs, "required"))
 
 

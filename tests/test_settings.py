@@ -71,6 +71,8 @@ FIELD_CASES = {
                    {"fast": "is not a constraint stage"}),
     "placement": ({"System-Message": "system-message", "auto": "auto"}, {"anywhere": "is not a placement"}),
     "fallback": ({"filter-catalog": "filter-catalog"}, {"yes": "is not a known fallback"}),
+    "argument_schemas": ({"ALL": "all", "strict": "strict"},
+                         {"parameter": "is not an argument-schema choice"}),
     "plain_decoding": ({"VANILLA": "vanilla", "catalog": "catalog"},
                        {"fast": "is not a plain-request decoding"}),
     "max_json_whitespace": ({"3": 3, " 0 ": 0}, {"abc": "must be a non-negative integer",

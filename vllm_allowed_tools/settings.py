@@ -35,6 +35,9 @@ __all__ = ["LaunchArgs", "Settings", "SettingsError", "current", "markdown_table
            "process_environment", "replace_server_command", "reset_for_tests", "variable_rows"]
 
 PLAIN_CATALOG, PLAIN_VANILLA = "catalog", "vanilla"
+#: ``VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS``: every tool's arguments held to its schema, or only
+#: ``strict`` tools' (vLLM's own default)
+SCHEMAS_ALL, SCHEMAS_STRICT = "all", "strict"
 
 
 class SettingsError(CapabilityError):
@@ -133,6 +136,8 @@ Stage = Annotated[str, BeforeValidator(_choice(*STAGES, what="a constraint stage
 Placement = Annotated[str, BeforeValidator(_choice("auto", *PLACEMENTS, what="a placement"))]
 PlainDecoding = Annotated[str, BeforeValidator(_choice(PLAIN_CATALOG, PLAIN_VANILLA,
                                                        what="a plain-request decoding"))]
+ArgumentSchemas = Annotated[str, BeforeValidator(_choice(SCHEMAS_ALL, SCHEMAS_STRICT,
+                                                         what="an argument-schema choice"))]
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 Seconds = Annotated[float, BeforeValidator(_positive_seconds)]
 Names = Annotated[frozenset[str], BeforeValidator(_names)]
@@ -176,6 +181,12 @@ class Settings(BaseSettings):
         "How a plain `auto` request decodes: `catalog` (only the request's own tool names can be "
         "called) or `vanilla` (as vLLM decodes it; the output guard still refuses a name outside "
         "the catalog)."), PLAIN_CATALOG)
+    argument_schemas: ArgumentSchemas = _field("VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS", (
+        "Which calls' arguments the grammar holds to the tool's JSON schema (in `required` and "
+        "named turns, and after an `auto` trigger): `all` (every tool, `strict` or not, as vLLM's "
+        "`--tool-strict-level parameter`; a schema xgrammar cannot compile is held to an object, "
+        "said once in the log) or `strict` (only `strict: true` tools, vLLM's default). The guard "
+        "refuses only what `strict` promises either way."), SCHEMAS_ALL)
     max_json_whitespace: WholeNumber | None = _field("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", (
         "The most whitespace characters the grammar admits between JSON tokens of a call's "
         "arguments (0 counts as 1, xgrammar's least); unset: no limit."))

@@ -32,6 +32,7 @@ from .argument_slots import (
     object_schema,
     with_object_arguments,
 )
+from .argument_schemas import every_tool_held, held_to_schema
 from .custom_inputs import marked, with_custom_inputs
 from .lru import LRU as _LRU
 from .marker_tokens import with_marker_tokens
@@ -69,6 +70,8 @@ class GrammarKey:
     strict_names: frozenset[str] = frozenset()
     strict_level: int = STRICT_FUNCTION
     max_whitespace: int | None = None
+    #: every tool's arguments held to its schema (:mod:`.argument_schemas`), not only strict ones'
+    every_tool_held: bool = True
 
 
 @dataclass(frozen=True)
@@ -213,19 +216,22 @@ _BUILDERS: dict[str, Callable[[GrammarSpec, _Turn], StructuralTag | None]] = {
 
 def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunction], mode: Mode, *,
                          parallel_tool_calls: bool = True, strict_level: int = STRICT_FUNCTION,
-                         max_whitespace: int | None = None) -> StructuralTag | None:
+                         max_whitespace: int | None = None,
+                         every_tool: bool | None = None) -> StructuralTag | None:
     """The grammar for one turn: only ``functions`` (the allowed ones, in catalog order) may be
-    called. ``None`` where the format has nothing to constrain in that mode (auto mode of
-    trigger-less formats)."""
+    called, each with arguments held to its schema (every tool's, or only strict ones' where
+    ``every_tool`` is False; None: the operator's setting). ``None`` where the format has nothing
+    to constrain in that mode (auto mode of trigger-less formats)."""
     spec = wire_format(wire_format_name).grammar
     if mode not in ("auto", "required"):
         raise ValueError(f"mode must be 'auto' or 'required', got {mode!r}")
     if not functions:
         raise ValueError("an allowed subset is never empty (the policy resolver refuses that)")
-    turn = _Turn(functions=marked(functions), mode=mode, parallel=parallel_tool_calls,
+    held = held_to_schema(functions, every_tool=every_tool_held() if every_tool is None else every_tool)
+    turn = _Turn(functions=marked(held), mode=mode, parallel=parallel_tool_calls,
                  strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
                  max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
-    tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), functions, wire_format(wire_format_name).name)
+    tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), held, wire_format(wire_format_name).name)
     if tag is None:
         return tag
     if spec.kind == "json_array":   # a JSON array's calls are typed above
@@ -266,7 +272,8 @@ def cached_subset_tag(key: GrammarKey,
         return None if cached is _NONE else cached
     tag = build_structural_tag(key.wire_format, functions(), key.mode,
                                parallel_tool_calls=key.parallel_tool_calls,
-                               strict_level=key.strict_level, max_whitespace=key.max_whitespace)
+                               strict_level=key.strict_level, max_whitespace=key.max_whitespace,
+                               every_tool=key.every_tool_held)
     result = built(tag) if tag is not None else None
     _TAGS.put(key, _NONE if result is None else result,
               0 if result is None else len(result.json) * TAG_BYTES_PER_JSON_CHAR)
@@ -305,7 +312,8 @@ def turn_tag(wire_format: str, functions: Sequence[AllowedFunction], *, catalog_
                      allowlist_digest=allowlist_digest, mode=mode,
                      parallel_tool_calls=parallel_tool_calls,
                      strict_names=frozenset(f.name for f in functions if f.strict is True),
-                     strict_level=strict_level, max_whitespace=max_whitespace)
+                     strict_level=strict_level, max_whitespace=max_whitespace,
+                     every_tool_held=every_tool_held())
     return cached_subset_tag(key, lambda: functions)
 
 

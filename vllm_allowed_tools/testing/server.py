@@ -30,6 +30,7 @@ from ..formats import wire_format, wire_formats
 from ..settings import Settings, process_environment
 from ..templates import template_path
 from .server_ledger import record_start
+from .tiny_model import positions_of, validate_model_dir, vllm_cache_dir
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"
@@ -112,7 +113,7 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
     model and template under plain vLLM, for parity tests and baselines.
     """
     plugin = [] if vanilla or one_flag else ["--middleware", MIDDLEWARE]
-    max_len = model_max_len(model_dir)
+    max_len = min(MAX_MODEL_LEN, positions_of(model_dir) or MAX_MODEL_LEN)
     backend = [] if one_flag else ["--structured-outputs-config.backend", "xgrammar"]
     if chat_template is None:
         chat_template = template_for_parser(parser) or MODEL_TEMPLATE
@@ -135,17 +136,6 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
         *plugin,
         *extra_args,
     ]
-
-
-def model_max_len(model_dir: Path) -> int:
-    """:data:`MAX_MODEL_LEN`, or less where the model's positions end sooner (the real model: 8K)."""
-    import json
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return MAX_MODEL_LEN
-    positions = config.get("max_position_embeddings")
-    return min(MAX_MODEL_LEN, positions) if isinstance(positions, int) and positions > 0 else MAX_MODEL_LEN
 
 
 def preflight() -> None:
@@ -266,8 +256,6 @@ def start_server(model_dir: Path, port: int | None = None, host: str = "127.0.0.
     outside a source checkout when `python` must import an installed copy of the package);
     ``validate=False`` serves a folder that is not one of our tiny models.
     """
-    from .tiny_model import validate_model_dir, vllm_cache_dir
-
     if validate:   # False: a model folder that is not a tiny model of ours (benchmarks/random_model.py)
         validate_model_dir(model_dir)
     preflight()

@@ -305,6 +305,14 @@ def validate_model_dir(path: Path) -> dict[str, Any]:
                              "and rebuild it") from exc
 
 
+def positions_of(path: Path) -> int | None:
+    """The model folder's ``max_position_embeddings`` (the real model's 8K caps what is served)."""
+    with contextlib.suppress(OSError, ValueError):
+        positions = json.loads((Path(path) / "config.json").read_text()).get("max_position_embeddings")
+        return positions if isinstance(positions, int) and positions > 0 else None
+    return None
+
+
 def default_cache_dir() -> Path:
     root = current().cache or os.path.join(
         current().xdg_cache_home or os.path.expanduser("~/.cache"), "vllm-allowed-tools")

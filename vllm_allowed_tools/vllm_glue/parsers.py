@@ -33,6 +33,7 @@ from .turn_grammar import (
     plain_request_tag,
     request_subset_tag,
     tool_name,
+    tools_held_to_schema,
 )
 
 try:  # vLLM 0.32 / 0.33
@@ -73,7 +74,8 @@ class AllowedToolsMixin:
         if allowlist is None:
             if self.structural_tag_model == self.allowed_tools_own_tag_model:
                 return plain_request_tag(self.allowed_tools_base_parser, request, strict_level)
-            return super().get_structural_tag(request, reasoning=reasoning, strict_level=strict_level)
+            return super().get_structural_tag(tools_held_to_schema(request), reasoning=reasoning,
+                                              strict_level=strict_level)
         if allowlist.server and self.structural_tag_model == "harmony":
             return self._server_tools_tag(request, allowlist, strict_level)
         if self.structural_tag_model is None or not allowlist.allowed:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..decode.argument_schemas import every_tool_held, held_to_schema
 from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
 from ..decode.split import split_for_request
 from ..decode.stage import XARGS_DIGEST, XARGS_TAG
@@ -50,6 +51,34 @@ def allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunction
     """The allowed functions in catalog order."""
     return [function for function in catalog_functions(request, allowlist)
             if function.name in allowlist.allowed]
+
+
+def tools_held_to_schema(request):
+    """A plain request as vLLM's own tag builder should see it: each function tool whose schema
+    xgrammar compiles marked ``strict``, so ``required``, named choices and calls after a trigger
+    follow the schema (:mod:`..decode.argument_schemas`); a shallow copy, the client's request is
+    untouched (the guard reads the client's own ``strict``)."""
+    tools = list(getattr(request, "tools", None) or [])
+    if not tools or not every_tool_held():
+        return request
+
+    def definition(tool):   # Chat nests the function; Responses' function tool is flat
+        return getattr(tool, "function", None) or tool
+
+    def pinned(tool):
+        inner = definition(tool)
+        held = inner.model_copy(update={"strict": True})
+        return tool.model_copy(update={"function": held}) if inner is not tool else held
+
+    functions = [tool for tool in tools if getattr(tool, "type", None) == "function"
+                 and hasattr(definition(tool), "parameters") and hasattr(definition(tool), "strict")]
+    held = held_to_schema(functions, every_tool=True, name=lambda t: definition(t).name,
+                          parameters=lambda t: definition(t).parameters,
+                          strict=lambda t: definition(t).strict, pinned=pinned)
+    swap = {id(old): new for old, new in zip(functions, held)}
+    if all(swap[key] is value for key, value in ((id(f), f) for f in functions)):
+        return request
+    return request.model_copy(update={"tools": [swap.get(id(tool), tool) for tool in tools]})
 
 
 def plain_request_tag(wire_format: str, request, strict_level):

@@ -1,0 +1,107 @@
+"""Which calls' arguments the grammar holds to the tool's schema: every tool's, ``strict`` or not.
+
+Most clients send tools without ``strict`` (BFCL's, Codex's, the Agents SDK's). Where only
+``strict`` tools are pinned, a small model writes "any object" in a non-strict call: SmolLM2-135M
+restated the schema inside the arguments (``{"title": "Calculate Density", "type": "function",
+...}``) until the token limit, where the same model held to the schema wrote ``{"mass": 45,
+"volume": 15}``. So by default (``VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS=all``) every allowed tool is
+built as if it were ``strict``, as vLLM's ``--tool-strict-level parameter`` does; a schema xgrammar
+cannot compile keeps the arguments an object (said once in the log) instead of failing the turn.
+Only the grammar changes: the output guard still refuses only what ``strict`` promises, since a
+non-strict tool promised the client nothing. No vLLM imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+from .lru import LRU
+
+logger = logging.getLogger(__name__)
+
+Function = TypeVar("Function")
+
+
+def _limits() -> tuple[int, int | None]:
+    return 4096, None
+
+
+#: schema digest -> "" (compiles) or why not; a catalog's schemas recur every turn
+_VERDICTS = LRU(limits=_limits)
+
+
+#: "[16:58:02] /project/cpp/json_schema_converter.cc:4950: " before xgrammar's own words
+_COMPILER_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+
+
+def schema_problem(schema: Mapping[str, Any] | bool | None) -> str | None:
+    """Why xgrammar cannot hold arguments to ``schema`` (None: it can); an open schema (missing,
+    ``{}``, ``true``) has nothing to hold and is fine."""
+    if not isinstance(schema, Mapping) or not schema:
+        return None
+    try:
+        text = json.dumps(schema, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        return f"not JSON ({exc})"
+    key = hashlib.sha256(text.encode()).hexdigest()
+    verdict = _VERDICTS.get(key)
+    if verdict is not None:
+        return verdict or None
+    from xgrammar import Grammar
+    from .argument_slots import object_schema
+    try:
+        Grammar.from_json_schema(json.dumps(object_schema(schema)))
+        verdict = ""
+    except Exception as exc:   # xgrammar raises RuntimeError / ValueError / its own types
+        said = _COMPILER_PREFIX.sub("", str(exc).strip().splitlines()[0] if str(exc).strip() else "")
+        verdict = said[:300] or type(exc).__name__
+    _VERDICTS.put(key, verdict, 1)
+    return verdict or None
+
+
+def held_to_schema(functions: Sequence[Function], *, every_tool: bool,
+                   name=lambda f: f.name, parameters=lambda f: f.parameters,
+                   strict=lambda f: f.strict, pinned=None) -> list[Function]:
+    """``functions`` with each non-strict one whose schema compiles marked ``strict`` (its
+    arguments then follow its schema in every builder), when ``every_tool``; unchanged otherwise.
+    A schema that does not compile is logged (once) and left an object. The accessors let vLLM's
+    tool objects go through the same rule as :class:`.grammar.AllowedFunction`."""
+    if not every_tool:
+        return list(functions)
+    pin = pinned or (lambda f: dataclasses.replace(f, strict=True))
+    held = []
+    for function in functions:
+        if strict(function) is True:
+            held.append(function)
+            continue
+        problem = schema_problem(parameters(function))
+        if problem is None:
+            held.append(pin(function))
+        else:
+            _log_once(name(function), problem)
+            held.append(function)
+    return held
+
+
+_LOGGED = LRU(limits=_limits)
+
+
+def _log_once(tool: str, problem: str) -> None:
+    key = (tool, problem)
+    if _LOGGED.get(key) is None:
+        _LOGGED.put(key, True, 1)
+        logger.warning("vllm-allowed-tools: the arguments of tool %r are held to an object only: "
+                       "xgrammar cannot compile its parameters schema (%s); mark the schema simpler "
+                       "or set VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS=strict to silence this", tool, problem)
+
+
+def every_tool_held() -> bool:
+    """The operator's choice (``VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS``)."""
+    from ..settings import SCHEMAS_ALL, current
+    return current().argument_schemas == SCHEMAS_ALL
