@@ -385,6 +385,7 @@ class Outcome:
     rendered_tokens: int = 0
     truth_tokens: int = 0
     truth_logprob: float = math.nan   # mean per token
+    name_logprob: float = math.nan    # log P(first call's name | prompt, `<tool_call>\n{"name": "`)
 
 
 def check_answer(checker: Any, case: Case, message: dict[str, Any]) -> tuple[bool, str, list]:
@@ -413,7 +414,7 @@ class Scorer:
 
     def __init__(self, base: str):
         self.base = base
-        self._cache: dict[tuple[int, ...], tuple[int, float]] = {}
+        self._cache: dict[tuple[int, ...], list[float]] = {}
         self._lock = threading.Lock()
 
     def prompt_ids(self, body: dict[str, Any]) -> list[int]:
@@ -424,27 +425,34 @@ class Scorer:
         return list(_post(f"{self.base}/tokenize", {"model": "tiny", "prompt": text,
                                                     "add_special_tokens": False})["tokens"])
 
-    def mean_logprob(self, prompt: list[int], continuation: list[int]) -> float:
+    def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
+        """Each continuation token's log-probability after the prompt and the tokens before it."""
         key = tuple(prompt + [-1] + continuation)
         with self._lock:
             if key in self._cache:
-                return self._cache[key][1]
+                return self._cache[key]
         reply = _post(f"{self.base}/v1/completions", {
             "model": "tiny", "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0,
             "prompt_logprobs": 0})
         entries = reply["choices"][0]["prompt_logprobs"][len(prompt):]
         values = [entry[str(token)]["logprob"] for entry, token in zip(entries, continuation)]
-        mean = sum(values) / len(values)
         with self._lock:
-            self._cache[key] = (len(values), mean)
-        return mean
+            self._cache[key] = values
+        return values
 
 
 def run_case(base: str, scorer: Scorer, checker: Any, case: Case, arms: Sequence[Arm],
              subsets: dict[int, list[str]], max_tokens: int) -> list[Outcome]:
     """One case's arms on one server, in order; then each arm's prompt scored on the ground truth."""
     outcomes = []
-    truth = scorer.text_ids(hermes_calls_text(ground_truth_calls(case)))
+    calls = ground_truth_calls(case)
+    truth = scorer.text_ids(hermes_calls_text(calls))
+    # the first call's name: the tokens between its head and its end, where both tokenize as a
+    # prefix of the whole ground truth (else no name figure)
+    head = scorer.text_ids('<tool_call>\n{"name": "')
+    named = scorer.text_ids(f'<tool_call>\n{{"name": "{calls[0][0]}"')
+    name_span = (len(head), len(named)) if truth[:len(head)] == head and truth[:len(named)] == named \
+        else None
     for index, arm in enumerate(arms):
         subset = subsets.get(arm.size) if arm.size is not None else None
         body = request_body(case, arm, subset, max_tokens)
@@ -472,7 +480,10 @@ def run_case(base: str, scorer: Scorer, checker: Any, case: Case, arms: Sequence
         subset = subsets.get(arm.size) if arm.size is not None else None
         prompt = scorer.prompt_ids(request_body(case, arm, subset, max_tokens))
         out.rendered_tokens = len(prompt)
-        out.truth_logprob = scorer.mean_logprob(prompt, truth)
+        values = scorer.logprobs(prompt, truth)
+        out.truth_logprob = sum(values) / len(values)
+        if name_span is not None:
+            out.name_logprob = sum(values[name_span[0]:name_span[1]])
     return outcomes
 
 
@@ -541,7 +552,7 @@ def summarize(outcomes: Sequence[Outcome], seed: int = 0) -> list[dict[str, Any]
         for (family, size), group in sorted(groups.items(), key=lambda item: _order(*item[0])):
             valid = sum(o.valid for o in group)
             low, high = wilson(valid, len(group))
-            diffs_lp, diffs_ok = [], []
+            diffs_lp, diffs_ok, diffs_name = [], [], []
             for out in group:
                 base_size = out.size if out.size is not None else smallest[out.case]
                 base = by_case[out.case].get(f"{BASELINE}@{base_size}")
@@ -549,8 +560,11 @@ def summarize(outcomes: Sequence[Outcome], seed: int = 0) -> list[dict[str, Any]
                     continue
                 diffs_lp.append(out.truth_logprob - base.truth_logprob)
                 diffs_ok.append(float(out.valid) - float(base.valid))
+                if not math.isnan(out.name_logprob) and not math.isnan(base.name_logprob):
+                    diffs_name.append(out.name_logprob - base.name_logprob)
             later = [o for o in group if not o.first_on_server and o.prompt_tokens]
             logprobs = [o.truth_logprob for o in group if not math.isnan(o.truth_logprob)]
+            names = [o.name_logprob for o in group if not math.isnan(o.name_logprob)]
             rows.append({
                 "category": category, "arm": family, "size": size, "n": len(group),
                 "ast": valid / len(group), "ast_ci": [low, high],
@@ -558,6 +572,9 @@ def summarize(outcomes: Sequence[Outcome], seed: int = 0) -> list[dict[str, Any]
                 "logprob": statistics.fmean(logprobs) if logprobs else math.nan,
                 "d_logprob": statistics.fmean(diffs_lp) if diffs_lp else math.nan,
                 "d_logprob_ci": list(bootstrap_mean_ci(diffs_lp, seed=seed)),
+                "name_p": statistics.fmean(math.exp(v) for v in names) if names else math.nan,
+                "d_name_logprob": statistics.fmean(diffs_name) if diffs_name else math.nan,
+                "d_name_logprob_ci": list(bootstrap_mean_ci(diffs_name, seed=seed)),
                 "d_ast": statistics.fmean(diffs_ok) if diffs_ok else math.nan,
                 "d_ast_ci": list(bootstrap_mean_ci(diffs_ok, seed=seed)),
                 "cached_share": (sum(o.cached_tokens for o in later) / sum(o.prompt_tokens for o in later))
@@ -590,8 +607,8 @@ def _f(value: float, digits: int = 2, signed: bool = False) -> str:
 
 def markdown_table(rows: Sequence[dict[str, Any]], category: str) -> str:
     lines = ["| arm | k | n | AST acc [95% CI] | Δ AST vs filter [CI] | calls | mean logprob (truth) | "
-             "Δ logprob vs filter [CI] | cached share | median s |",
-             "|---|---:|---:|---|---|---:|---:|---|---:|---:|"]
+             "Δ logprob vs filter [CI] | P(name) | Δ name logprob vs filter [CI] | cached share | median s |",
+             "|---|---:|---:|---|---|---:|---:|---|---:|---|---:|---:|"]
     for row in rows:
         if row["category"] != category:
             continue
@@ -601,7 +618,9 @@ def markdown_table(rows: Sequence[dict[str, Any]], category: str) -> str:
             f"{_f(row['d_ast'], signed=True)} [{_f(row['d_ast_ci'][0], signed=True)}, "
             f"{_f(row['d_ast_ci'][1], signed=True)}] | {_f(row['calls'])} | {_f(row['logprob'], 3)} | "
             f"{_f(row['d_logprob'], 3, True)} [{_f(row['d_logprob_ci'][0], 3, True)}, "
-            f"{_f(row['d_logprob_ci'][1], 3, True)}] | {_f(row['cached_share'])} | {_f(row['latency_s'], 1)} |")
+            f"{_f(row['d_logprob_ci'][1], 3, True)}] | {_f(row['name_p'])} | "
+            f"{_f(row['d_name_logprob'], 2, True)} [{_f(row['d_name_logprob_ci'][0], 2, True)}, "
+            f"{_f(row['d_name_logprob_ci'][1], 2, True)}] | {_f(row['cached_share'])} | {_f(row['latency_s'], 1)} |")
     return "\n".join(lines)
 
 
