@@ -338,7 +338,9 @@ def _turn_gates(note: Any) -> dict[str, str]:
 
 
 def _no_call_markup(text: str) -> bool:
-    return "<tool_call>" not in text and '"arguments"' not in text
+    """No call or tool-output markup: the answer is words (tool_choice "none" returns what the
+    model wrote, markup included, as vanilla vLLM does)."""
+    return "<tool_" not in text and '"arguments"' not in text
 
 
 # ---------------------------------------------------------------------------------- the tests

@@ -35,6 +35,10 @@ from vllm_allowed_tools.approvals.errors import GrantStoreUnavailable
 #: model requests one action of the person may cause (a call, its result, the answer, one spare)
 MAX_STEPS = 4
 ACTIONS = ("accept", "decline", "cancel")
+#: sent after the calls' results (or declines) when the app asks for the model's answer: without
+#: it SmolLM2 echoes the last tool output, markup and all (``<tool_response>...``); it is not kept
+#: in the history and not shown
+ANSWER_PROMPT = {"role": "user", "content": "Tell me in one short sentence what happened."}
 
 
 class AgentError(Exception):
@@ -61,7 +65,10 @@ class Upstream:
 
     base_url: str
     model: str = "tiny"
-    max_output_tokens: int = 96
+    #: a turn that must call: room for a whole call (an email's body is up to 240 characters)
+    max_output_tokens: int = 160
+    #: a text answer (after the calls, or to a message naming no tool): a sentence or two
+    answer_tokens: int = 64
 
 
 Event = dict[str, Any]
@@ -146,12 +153,17 @@ class Agent:
             undo = first_step_undo if step == 0 and first_step_undo is not None \
                 else len(chat.history)
             try:
-                items = []
+                items, cut = [], False
                 async for event in self._stream(person.api_key, body):
                     if event["type"] == "delta":
                         yield {"type": "text_delta", "delta": event["delta"]}
+                    elif event["type"] == "incomplete":
+                        cut = True
                     else:
                         items.append(event["item"])
+                if cut and not items:   # a call cut off at the limit is dropped, not shown as text
+                    raise AgentError("The model reached its token limit before it finished, so "
+                                     "nothing ran. Send a shorter request.")
             except AgentError:
                 del chat.history[undo:]   # the server changed nothing for a refused request
                 raise
@@ -189,10 +201,14 @@ class Agent:
         yield {"type": "done"}
 
     def _body(self, chat: Conversation, choice: Any) -> dict[str, Any]:
-        return {"model": self._upstream.model, "input": list(chat.history), "tools": self._tools,
+        history = list(chat.history)
+        if choice == TEXT_ANSWER and history and history[-1].get("role") != "user":
+            history.append(ANSWER_PROMPT)   # the app's own ask, sent with this request only
+        return {"model": self._upstream.model, "input": history, "tools": self._tools,
                 "tool_choice": choice, "parallel_tool_calls": True, "stream": True,
                 "prompt_cache_key": chat.session, "temperature": 0.0,
-                "max_output_tokens": self._upstream.max_output_tokens}
+                "max_output_tokens": self._upstream.answer_tokens if choice == TEXT_ANSWER
+                else self._upstream.max_output_tokens}
 
     async def _stream(self, api_key: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """POST the body; yield ``{"type": "delta"}`` text pieces and ``{"type": "item"}`` output
@@ -213,8 +229,11 @@ class Agent:
                         yield {"type": "delta", "delta": event.get("delta", "")}
                     elif kind == "response.output_item.done":
                         yield {"type": "item", "item": event["item"]}
-                    elif kind in ("response.completed", "response.incomplete"):
+                    elif kind == "response.completed":
                         done = True
+                    elif kind == "response.incomplete":
+                        done = True
+                        yield {"type": "incomplete"}
                     elif kind in ("response.failed", "error"):
                         raise AgentError(_failure_text(event))
                 if not done:

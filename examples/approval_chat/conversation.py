@@ -18,7 +18,11 @@ from typing import Any
 
 from approval_options import ApprovalOptions
 
-SYSTEM_PROMPT = "You are a helpful assistant. Ask before doing anything that cannot be undone."
+#: what the model reads first; a small model needs telling to reuse the request's own words in a
+#: call and to answer a tool's result (or a decline) in words rather than echo it
+SYSTEM_PROMPT = ("You are a helpful assistant. When you call a tool, use the names and details "
+                 "from the user's request. When a tool has run or was declined, tell the user in "
+                 "one short sentence what happened.")
 
 
 def new_session_key() -> str:

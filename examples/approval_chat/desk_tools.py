@@ -9,9 +9,10 @@ after an approval or under a grant); the app never decides that itself.
 
 The definitions are what the model reads: plain names, one-line descriptions and argument names a
 person would use (``send_email(to, subject, body)``), every argument required, no examples in the
-descriptions (a small model copies an example instead of reading the request). They are ``strict``:
-the server then holds each call's arguments to the schema and the guard refuses anything else, the
-right promise for an app whose tools act on a person's behalf.
+descriptions (a small model copies an example instead of reading the request), and bounded string
+lengths (the server holds each call's arguments to the schema, so a small model cannot run on in a
+free-text field until the token limit). They are ``strict``: the server's output guard also refuses
+any call off the schema, the right promise for tools that act on a person's behalf.
 """
 
 from __future__ import annotations
