@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/vllm-allowed-tools demo
 
-# The approval chat (examples/approval_chat): serve-tiny with an approval policy, and a page at
-# http://127.0.0.1:8765/ where a person answers the approvals (sign in with a printed API key).
+# The approval chat (examples/approval_chat): the real model (serve-tiny --flavour real) with an
+# approval policy, and a page at http://127.0.0.1:8765/ where a person answers the approvals (sign
+# in with a printed API key).
 approval-chat: $(STAMP)
 	$(PY) examples/approval_chat/app.py
 
