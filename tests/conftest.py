@@ -100,6 +100,18 @@ def happy_server():
 
 
 @pytest.fixture(scope="session")
+def real_server(tmp_path_factory):
+    """A real instruct model (SmolLM2-135M, built from its registry package on first use, ~40 s)
+    with the plugin and an approval policy gating ``delete_file``, a name only approval tests put
+    in a catalog: what needs a model that reads its prompt (tests/test_real_model_e2e.py)."""
+    policy = tmp_path_factory.mktemp("real-approvals") / "approvals.json"
+    policy.write_text(json.dumps({"rules": [{"tools": ["delete_file"], "approval": "required"}]}))
+    server = start_cli_server("real", env={"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)})
+    yield server
+    stop_cli_server(server)
+
+
+@pytest.fixture(scope="session")
 def vanilla_server():
     """The same random model and template under plain vLLM (base `hermes` parser, no middleware)."""
     server = start_cli_server("random", options=["--vanilla", "--parser", "hermes"])
@@ -264,7 +276,7 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     if report.failed and report.when in ("setup", "call"):
-        for name in ("random_server", "happy_server", "vanilla_server"):
+        for name in ("random_server", "happy_server", "real_server", "vanilla_server"):
             server = item.funcargs.get(name) if hasattr(item, "funcargs") else None
             if isinstance(server, ServeTinyProcess):
                 report.sections.append((f"vllm server log ({server.flavour}), last lines",
