@@ -103,7 +103,7 @@ class ScriptedResponses(http.server.ThreadingHTTPServer):
 
 
 def _scripted_elicitation(name: str) -> dict[str, Any]:
-    arguments = {"send_email": {"to": "Bob", "subject": "Notes", "body": "The notes."},
+    arguments = {"send_email": {"recipient": "Bob", "subject": "Notes", "body": "The notes."},
                  "delete_file": {"path": "old_report.txt"}}[name]
     return {"id": "elicit_" + secrets.token_hex(8), "type": "elicitation",
             "elicitation_type": "tool_call_approval", "message": f"The assistant wants to call {name}.",
@@ -359,8 +359,8 @@ def test_the_page_asks_shows_the_turns_tools_and_a_session_grant_runs_the_next_c
     assert card.get_attribute("data-tool") == "send_email"
     assert "cannot be unsent" in card.find_element(By.CSS_SELECTOR, ".server-message").text
     arguments = _arguments(card)
-    assert sorted(arguments) == ["body", "subject", "to"], arguments
-    assert "bob" in arguments["to"].lower(), arguments   # what the person asked for
+    assert sorted(arguments) == ["body", "recipient", "subject"], arguments
+    assert "bob" in arguments["recipient"].lower(), arguments   # what the person asked for
     assert arguments["subject"].strip() and arguments["body"].strip(), arguments
     labels = [b.text for b in card.find_elements(By.CSS_SELECTOR, "button.choice-button")]
     assert labels == ["Allow once", "Allow for this session", "Always allow", "Decline", "Cancel"]
@@ -392,7 +392,7 @@ def test_the_page_asks_shows_the_turns_tools_and_a_session_grant_runs_the_next_c
     assert call.get_attribute("data-released") == "approval"
     assert _arguments(call) == arguments, "the call that ran is the one the person approved"
     [sent] = page.desk("outbox")
-    assert sent.startswith(f"To {arguments['to']}: {arguments['subject']}"), sent
+    assert sent.startswith(f"To {arguments['recipient']}: {arguments['subject']}"), sent
     assert _no_call_markup(page.last("assistant").text), page.last("assistant").text
     page.shot("02-approved-for-the-session")
 
@@ -405,7 +405,7 @@ def test_the_page_asks_shows_the_turns_tools_and_a_session_grant_runs_the_next_c
     call = page.last("call")
     assert call.get_attribute("data-released") == "session"
     assert "session grant" in call.find_element(By.CSS_SELECTOR, ".released").text
-    assert "bob" in _arguments(call)["to"].lower()
+    assert "bob" in _arguments(call)["recipient"].lower()
     page.shot("03-the-grant-ran-the-next-call")
 
 
@@ -454,6 +454,7 @@ def test_my_approvals_lists_the_grant_only_to_its_holder_and_revoking_it_asks_ag
 
 @pytest.mark.server
 def test_a_decline_with_its_reason_typed_first_reaches_the_model_which_answers_in_words(page):
+    page.open_chat()
     page.new_chat()
     page.say("Delete the file old_report.txt, please.")
     [card] = page.open_approvals()

@@ -171,16 +171,16 @@ def test_a_gated_call_is_labelled_with_what_let_it_run():
 
 def test_the_tools_have_arguments_a_person_reads_and_run_behind_the_guard():
     tools = {tool["name"]: tool for tool in tool_definitions()}
-    assert set(tools["send_email"]["parameters"]["required"]) == {"to", "subject", "body"}
+    assert set(tools["send_email"]["parameters"]["required"]) == {"recipient", "subject", "body"}
     assert tools["get_weather"]["parameters"]["required"] == ["city"]
     desk = DeskTools("person")
     body = {"model": "m", "input": [], "tools": tool_definitions(), "tool_choice": must_call(
         ["send_email"])}
     call = {"type": "function_call", "call_id": "c1", "name": "send_email",
-            "arguments": '{"to": "Bob", "subject": "Notes", "body": "Here they are."}'}
+            "arguments": '{"recipient": "Bob", "subject": "Notes", "body": "Here they are."}'}
     assert desk.run(call, body, "s").ok and desk.desk.outbox == ["To Bob: Notes — Here they are."]
     refused = desk.run({**call, "call_id": "c2", "name": "delete_file",
                         "arguments": '{"path": "a.txt"}'}, body, "s")
     assert not refused.ok and desk.desk.deleted == [], "a tool this turn did not allow never runs"
-    wrong = desk.run({**call, "call_id": "c3", "arguments": '{"to": "Bob"}'}, body, "s")
+    wrong = desk.run({**call, "call_id": "c3", "arguments": '{"recipient": "Bob"}'}, body, "s")
     assert not wrong.ok and len(desk.desk.outbox) == 1, "arguments off the schema never run"

@@ -65,7 +65,7 @@ class Upstream:
 
     base_url: str
     model: str = "tiny"
-    #: a turn that must call: room for a whole call (an email's body is up to 240 characters)
+    #: a turn that must call: room for a whole call (an email's body is up to 160 characters)
     max_output_tokens: int = 160
     #: a text answer (after the calls, or to a message naming no tool): a sentence or two
     answer_tokens: int = 64

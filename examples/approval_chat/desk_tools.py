@@ -8,7 +8,8 @@ server returned. Whether a gated call may run at all is the server's decision (i
 after an approval or under a grant); the app never decides that itself.
 
 The definitions are what the model reads: plain names, one-line descriptions and argument names a
-person would use (``send_email(to, subject, body)``), every argument required, no examples in the
+person would use (``send_email(recipient, subject, body)``: named ``to``, SmolLM2 writes an address
+it invents, ``john@example.com``), every argument required, no examples in the
 descriptions (a small model copies an example instead of reading the request), and bounded string
 lengths (the server holds each call's arguments to the schema, so a small model cannot run on in a
 free-text field until the token limit). They are ``strict``: the server's output guard also refuses
@@ -30,7 +31,7 @@ def _text(name: str, description: str) -> dict[str, Any]:
 
 #: the longest value of each argument, in characters (default: :data:`SHORT`): a small model may
 #: run on in a free-text field until the token limit; a bound makes the server close the string
-SHORT, LONGEST = 80, {"body": 240}
+SHORT, LONGEST = 80, {"body": 160}
 
 #: name -> (description, {argument: description}); every argument is a required string
 SPECS: dict[str, tuple[str, dict[str, str]]] = {
@@ -40,9 +41,9 @@ SPECS: dict[str, tuple[str, dict[str, str]]] = {
                            {"title": "A short title for the event", "day": "The day of the event",
                             "time": "The time the event starts"}),
     "send_email": ("Send an email from the user's account.",
-                   {"to": "The recipient's name or email address",
-                    "subject": "The subject line of the email",
-                    "body": "The text of the email"}),
+                   {"recipient": "Who the email is for",
+                    "subject": "What the email is about",
+                    "body": "The text of the email, one or two sentences"}),
     "delete_file": ("Delete a file from the user's files.",
                     {"path": "The name of the file to delete"}),
 }
@@ -85,8 +86,9 @@ def _handlers(desk: Desk) -> dict[str, Callable[[dict[str, Any], Invocation], An
         return {"added": True, **arguments}
 
     def send_email(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
-        desk.outbox.append(f"To {arguments['to']}: {arguments['subject']} — {arguments['body']}")
-        return {"sent": True, "to": arguments["to"], "subject": arguments["subject"]}
+        desk.outbox.append(f"To {arguments['recipient']}: {arguments['subject']} — "
+                           f"{arguments['body']}")
+        return {"sent": True, "recipient": arguments["recipient"], "subject": arguments["subject"]}
 
     def delete_file(arguments: dict[str, Any], _: Invocation) -> dict[str, Any]:
         desk.deleted.append(arguments["path"])
