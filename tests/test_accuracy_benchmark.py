@@ -146,3 +146,10 @@ def test_system_message_placement_renders_as_the_template_variable_on_hermes():
     assert render_chat(placed["messages"], tools) == variable
     last = place_policy({"messages": messages}, "chat", "last-message", "required", names)
     assert render_chat(last["messages"], tools) != variable
+
+
+def test_token_span_covers_the_name():
+    tokens = ["<", "tool", "_call", ">", "Ċ", '{"', "name", '":', 'Ġ"', "get", "_stock", '_price"', ","]
+    start = len('<tool_call>\n{"name": "')
+    assert accuracy.token_span(tokens, start, len("get_stock_price")) == (9, 12)
+    assert accuracy.token_span(tokens, 999, 3) is None
