@@ -11,7 +11,7 @@ an approval request carrying the arguments the prompt asked for, and on Chat a g
 called.
 
 One server for the module (the session's ``real_server``, an approval policy gating
-``delete_file``), 13 requests of at most 100 tokens.
+``delete_file``), 12 requests of at most 100 tokens.
 """
 
 from __future__ import annotations
