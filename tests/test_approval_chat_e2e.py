@@ -373,8 +373,12 @@ def test_the_page_asks_shows_the_turns_tools_and_a_session_grant_runs_the_next_c
     assert page.driver.find_element(By.ID, "message").get_attribute("disabled"), \
         "no new message may be sent while an approval waits (it would decline it unasked)"
     assert page.desk("outbox") == []
-    card.screenshot(str(page.shots / "approval-prompt.png"))
     page.shot("01-approval-prompt")
+    size = page.driver.get_window_size()
+    page.driver.set_window_size(size["width"], 1600)   # the whole card, for the example's README
+    card.screenshot(str(page.shots / "approval-prompt.png"))
+    page.driver.set_window_size(size["width"], size["height"])
+    page.driver.execute_script("arguments[0].focus()", card.find_element(By.TAG_NAME, "h3"))
 
     # the keyboard alone: the prompt has focus; Tab to "Allow for this session", press Enter
     assert page.driver.switch_to.active_element.tag_name == "h3"
