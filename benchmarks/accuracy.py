@@ -427,8 +427,8 @@ class Scorer:
                                                     "add_special_tokens": False})["tokens"])
 
     def token_strs(self, text: str) -> list[str]:
-        return list(_post(f"{self.base}/tokenize", {"model": "tiny", "prompt": text, "add_special_tokens": False,
-                                                    "return_token_strs": True})["token_strs"])
+        body = {"model": "tiny", "prompt": text, "add_special_tokens": False, "return_token_strs": True}
+        return list(_post(f"{self.base}/tokenize", body)["token_strs"])
 
     def logprobs(self, prompt: list[int], continuation: list[int]) -> list[float]:
         """Each continuation token's log-probability after the prompt and the tokens before it."""
@@ -622,7 +622,8 @@ def _f(value: float, digits: int = 2, signed: bool = False) -> str:
 
 def markdown_table(rows: Sequence[dict[str, Any]], category: str) -> str:
     lines = ["| arm | k | n | AST acc [95% CI] | Δ AST vs filter [CI] | calls | mean logprob (truth) | "
-             "Δ logprob vs filter [CI] | P(name) | Δ name logprob vs filter [CI] | cached share | median s |",
+             "Δ logprob vs filter [CI] | P(name) | Δ name logprob vs filter [CI] | cached share | "
+             "median s |",
              "|---|---:|---:|---|---|---:|---:|---|---:|---|---:|---:|"]
     for row in rows:
         if row["category"] != category:
@@ -635,7 +636,8 @@ def markdown_table(rows: Sequence[dict[str, Any]], category: str) -> str:
             f"{_f(row['d_logprob'], 3, True)} [{_f(row['d_logprob_ci'][0], 3, True)}, "
             f"{_f(row['d_logprob_ci'][1], 3, True)}] | {_f(row['name_p'])} | "
             f"{_f(row['d_name_logprob'], 2, True)} [{_f(row['d_name_logprob_ci'][0], 2, True)}, "
-            f"{_f(row['d_name_logprob_ci'][1], 2, True)}] | {_f(row['cached_share'])} | {_f(row['latency_s'], 1)} |")
+            f"{_f(row['d_name_logprob_ci'][1], 2, True)}] | {_f(row['cached_share'])} | "
+            f"{_f(row['latency_s'], 1)} |")
     return "\n".join(lines)
 
 
@@ -654,7 +656,8 @@ def summary_table(rows: Sequence[dict[str, Any]], categories: Sequence[str]) -> 
             if row["size"] not in (k, None) or row["arm"] in ("V auto", "P auto") or "auto" in row["arm"]:
                 continue
             lines.append(
-                f"| {category} | {row['size'] if row['size'] is not None else '–'} | {row['n']} | {row['arm']} | "
+                f"| {category} | {row['size'] if row['size'] is not None else '–'} | {row['n']} | "
+                f"{row['arm']} | "
                 f"{_f(row['ast'])} [{_f(row['ast_ci'][0])}, {_f(row['ast_ci'][1])}] | "
                 f"{_f(row['d_logprob'], 3, True)} [{_f(row['d_logprob_ci'][0], 3, True)}, "
                 f"{_f(row['d_logprob_ci'][1], 3, True)}] | {_f(row['cached_share'])} |")
@@ -677,8 +680,9 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     left.set_yticks(ys, labels)
     left.invert_yaxis()
     d = [row["d_logprob"] for row in pooled]
-    right.errorbar(d, ys, xerr=[[0 if math.isnan(v) else v - r["d_logprob_ci"][0] for v, r in zip(d, pooled)],
-                                [0 if math.isnan(v) else r["d_logprob_ci"][1] - v for v, r in zip(d, pooled)]],
+    below = [0 if math.isnan(v) else v - r["d_logprob_ci"][0] for v, r in zip(d, pooled)]
+    above = [0 if math.isnan(v) else r["d_logprob_ci"][1] - v for v, r in zip(d, pooled)]
+    right.errorbar(d, ys, xerr=[below, above],
                    fmt="o", capsize=3, color="tab:orange")
     right.axvline(0, color="grey", lw=0.8)
     right.set_xlabel("Δ log-prob/token of the ground truth vs filtering (paired 95% CI)")
@@ -719,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
     categories = [c for c in args.categories.split(",") if c]
     placements = [p for p in args.placements.split(",") if p]
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    if unknown := [c for c in categories if c not in CATEGORIES] + [p for p in placements if p not in PLACEMENTS]:
+    unknown = [c for c in categories if c not in CATEGORIES] + [p for p in placements if p not in PLACEMENTS]
+    if unknown:
         parser.error(f"unknown category or placement: {unknown}")
 
     # OpenMP threads that wait sleep instead of spinning (as the test suite sets it): on a shared
@@ -729,7 +734,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = ensure_bfcl()
         checker = load_checker(root)
-        cases = [case for category in categories for case in load_cases(root, category, args.cases, args.seed)]
+        cases = [case for category in categories
+                 for case in load_cases(root, category, args.cases, args.seed)]
     except (RuntimeError, OSError, ImportError) as exc:
         _log(f"error: {exc}")
         return 2

@@ -117,9 +117,9 @@ def test_request_bodies_per_arm():
     allowed = accuracy.request_body(case, accuracy.Arm("P allowed req@2", "template-variable",
                                                        "allowed-required", size=2), subset, 160)
     assert len(allowed["tools"]) == 3
-    assert allowed["tool_choice"] == {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [
-        {"type": "function", "function": {"name": "weather"}},
-        {"type": "function", "function": {"name": "geo_distance"}}]}}
+    assert allowed["tool_choice"] == {"type": "allowed_tools", "allowed_tools": {
+        "mode": "required", "tools": [{"type": "function", "function": {"name": "weather"}},
+                                      {"type": "function", "function": {"name": "geo_distance"}}]}}
     json.dumps(allowed)
 
 
