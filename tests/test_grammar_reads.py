@@ -61,7 +61,7 @@ import jsonschema
 import pytest
 from test_families import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
-from vllm_allowed_tools.decode.argument_slots import ANY_OBJECT, object_schema
+from vllm_allowed_tools.decode.argument_slots import object_schema
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.formats import wire_format, wire_formats
 from vllm_allowed_tools.testing.calls import chat_selection
@@ -112,9 +112,9 @@ EMAIL = {"type": "object", "properties": {"to": {"type": "string"}, "body": {"ty
 CATALOG = {"get_weather": (WEATHER, True), "search_docs": (SEARCH, False),
            "delete_note": (NOTE, True), "send_email": (EMAIL, False)}
 ALLOWED = ["get_weather", "search_docs"]
-#: allowed name -> the arguments schema its grammar pins (a non-strict tool's: any object)
-ARGUMENT_SCHEMAS = {name: object_schema(CATALOG[name][0]) if CATALOG[name][1] else ANY_OBJECT
-                    for name in ALLOWED}
+#: allowed name -> the arguments schema its grammar pins (every tool's own, strict or not:
+#: decode/argument_schemas.py)
+ARGUMENT_SCHEMAS = {name: object_schema(CATALOG[name][0]) for name in ALLOWED}
 
 #: the markup newlines a format's parser strips from an XML string value (one each side)
 XML_STRING_TRIM = {"qwen3_coder": "\n", "qwen3_xml": "\n", "seed_oss": "\n"}
