@@ -97,3 +97,26 @@ def test_plain_requests_hand_vllm_a_held_copy_and_leave_the_clients_request_alon
     held = tools_held_to_schema(request)
     assert [tool.function.strict for tool in held.tools] == [True, None]
     assert [tool.function.strict for tool in request.tools] == [None, None]
+
+
+def test_a_non_strict_tool_is_held_to_its_structure_not_its_string_lengths():
+    """String lengths make xgrammar's compile slow at a large vocabulary and a non-strict tool
+    promised none: they go, at every level that is a schema, never inside a value."""
+    schema = {"type": "object", "required": ["q"], "properties": {
+        "q": {"type": "string", "maxLength": 3, "minLength": 1},
+        "maxLength": {"type": "integer", "enum": [1, 2]},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 2}, "maxItems": 2},
+        "pick": {"anyOf": [{"type": "string", "maxLength": 1}, {"type": "null"}]},
+        "mode": {"const": {"maxLength": 5}, "default": {"maxLength": 5}}}}
+    held = argument_schemas.held_schema(schema)
+    assert held["properties"]["q"] == {"type": "string"}
+    assert held["properties"]["maxLength"] == {"type": "integer", "enum": [1, 2]}   # a property
+    assert held["properties"]["tags"] == {"type": "array", "items": {"type": "string"}, "maxItems": 2}
+    assert held["properties"]["pick"]["anyOf"][0] == {"type": "string"}
+    assert held["properties"]["mode"] == schema["properties"]["mode"]   # values untouched
+    search = AllowedFunction("search", {"type": "object", "properties": {
+        "q": {"type": "string", "maxLength": 3}}, "required": ["q"]}, None)
+    long = '<tool_call>\n{"name": "search", "arguments": {"q": "a longer query"}}\n</tool_call>'
+    assert accepts(build_structural_tag("hermes", [search], "required"), long)
+    strict = AllowedFunction(search.name, search.parameters, True)
+    assert not accepts(build_structural_tag("hermes", [strict], "required"), long)

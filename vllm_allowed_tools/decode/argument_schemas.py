@@ -7,8 +7,13 @@ restated the schema inside the arguments (``{"title": "Calculate Density", "type
 "volume": 15}``. So by default (``VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS=all``) every allowed tool is
 built as if it were ``strict``, as vLLM's ``--tool-strict-level parameter`` does; a schema xgrammar
 cannot compile keeps the arguments an object (said once in the log) instead of failing the turn.
-Only the grammar changes: the output guard still refuses only what ``strict`` promises, since a
-non-strict tool promised the client nothing. No vLLM imports.
+
+A non-strict tool is held to its schema's structure (keys, types, enums, required keys, nesting),
+not to its string lengths: ``maxLength`` / ``minLength`` are what makes xgrammar's compile slow at a
+large vocabulary (32 MCP-shaped tools at 150K tokens: 30 s with them, 3 s without, 0.2 s for
+objects only; ``benchmarks/argument_schemas_cost.py``), and a tool that is not ``strict`` promised
+no bound. A ``strict`` tool keeps every keyword. Only the grammar changes: the output guard still
+refuses only what ``strict`` promises. No vLLM imports.
 """
 
 from __future__ import annotations
@@ -65,24 +70,57 @@ def schema_problem(schema: Mapping[str, Any] | bool | None) -> str | None:
     return verdict or None
 
 
+#: keywords whose values are subschemas, as a dict of them, a list of them, or one
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+                "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems")
+#: what a non-strict tool is not held to (see the module docstring)
+_UNHELD = ("maxLength", "minLength")
+
+
+def held_schema(schema: Any) -> Any:
+    """``schema`` without its string-length keywords, at every level that is a schema (never
+    inside ``enum``, ``const``, ``default`` or ``examples``, which are values)."""
+    if isinstance(schema, list):
+        return [held_schema(item) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    held: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _UNHELD and isinstance(value, int):
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            held[key] = {name: held_schema(sub) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            held[key] = [held_schema(sub) for sub in value]
+        elif key in _SCHEMA_ONES:
+            held[key] = held_schema(value)
+        else:
+            held[key] = value
+    return held
+
+
 def held_to_schema(functions: Sequence[Function], *, every_tool: bool,
                    name=lambda f: f.name, parameters=lambda f: f.parameters,
                    strict=lambda f: f.strict, pinned=None) -> list[Function]:
-    """``functions`` with each non-strict one whose schema compiles marked ``strict`` (its
-    arguments then follow its schema in every builder), when ``every_tool``; unchanged otherwise.
-    A schema that does not compile is logged (once) and left an object. The accessors let vLLM's
-    tool objects go through the same rule as :class:`.grammar.AllowedFunction`."""
+    """``functions`` with each non-strict one whose schema compiles marked ``strict``, its schema
+    :func:`held_schema`'s (its arguments then follow it in every builder), when ``every_tool``;
+    unchanged otherwise. A schema that does not compile is logged (once) and left an object. The
+    accessors (``pinned(function, schema)`` makes the held copy) let vLLM's tool objects go
+    through the same rule as :class:`.grammar.AllowedFunction`."""
     if not every_tool:
         return list(functions)
-    pin = pinned or (lambda f: dataclasses.replace(f, strict=True))
+    pin = pinned or (lambda f, schema: dataclasses.replace(f, parameters=schema, strict=True))
     held = []
     for function in functions:
         if strict(function) is True:
             held.append(function)
             continue
-        problem = schema_problem(parameters(function))
+        schema = held_schema(parameters(function))
+        problem = schema_problem(schema)
         if problem is None:
-            held.append(pin(function))
+            held.append(pin(function, schema))
         else:
             _log_once(name(function), problem)
             held.append(function)

@@ -65,9 +65,9 @@ def tools_held_to_schema(request):
     def definition(tool):   # Chat nests the function; Responses' function tool is flat
         return getattr(tool, "function", None) or tool
 
-    def pinned(tool):
+    def pinned(tool, schema):
         inner = definition(tool)
-        held = inner.model_copy(update={"strict": True})
+        held = inner.model_copy(update={"strict": True, "parameters": schema})
         return tool.model_copy(update={"function": held}) if inner is not tool else held
 
     functions = [tool for tool in tools if getattr(tool, "type", None) == "function"
