@@ -69,8 +69,7 @@ def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.setdefault("VLLM_NO_USAGE_STATS", "1")
-    env.setdefault("DO_NOT_TRACK", "1")
+    env.update({key: env.get(key, "1") for key in ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK")})
     env.setdefault("PYTHONHASHSEED", "0")   # stable prefix-cache hashes across restarts
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     # idle OpenMP threads sleep, not spin (real model, loaded 2 cores: 0.2-0.6 tokens/s spinning, ~35 not)
