@@ -72,13 +72,13 @@ import tempfile
 import threading
 import time
 import types
-import urllib.error
-import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from prompt_cache import post_json
 
 BFCL_PACKAGE = "bfcl-eval"
 BFCL_VERSION = "2026.3.23"
@@ -354,15 +354,8 @@ def request_body(case: Case, arm: Arm, subset: Sequence[str] | None, max_tokens:
             "temperature": 0, "max_tokens": max_tokens}
 
 
-def _post(url: str, body: dict[str, Any], timeout: float = 600.0) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")[:1500]
-        raise RuntimeError(f"POST {url} -> HTTP {error.code}: {detail}") from error
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    return post_json(url, body, timeout=600.0)
 
 
 @dataclass

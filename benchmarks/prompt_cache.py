@@ -110,7 +110,8 @@ def make_plan(turns: int, seed: int) -> tuple[list[Any], list[TurnPlan]]:
 
 # --------------------------------------------------------------------------- HTTP helpers
 
-def _post(url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
+def post_json(url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
+    """POST ``body`` as JSON and read the JSON answer; an HTTP error says what the server said."""
     request = urllib.request.Request(url, data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
     try:
@@ -257,7 +258,7 @@ class Runner:
                     "type": "allowed_tools", "mode": turn.mode,
                     "tools": [{"type": "function", "name": name} for name in turn.allowed]},
             }
-            return _post(self.server.base_url + "/responses", body)
+            return post_json(self.server.base_url + "/responses", body)
         body = {
             "model": SERVED_MODEL_NAME, "messages": messages, "temperature": 0.0,
             "max_tokens": self.max_tokens, "parallel_tool_calls": False,
@@ -267,10 +268,10 @@ class Runner:
                     "mode": turn.mode,
                     "tools": [{"type": "function", "function": {"name": name}} for name in turn.allowed]}},
         }
-        return _post(self.server.base_url + "/chat/completions", body)
+        return post_json(self.server.base_url + "/chat/completions", body)
 
     def _server_ids(self, text: str) -> list[int]:
-        reply = _post(self.server.root_url + "/tokenize",
+        reply = post_json(self.server.root_url + "/tokenize",
                       {"model": SERVED_MODEL_NAME, "prompt": text, "add_special_tokens": False})
         return list(reply.get("tokens") or [])
 

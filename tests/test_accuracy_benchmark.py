@@ -3,20 +3,15 @@ ground truth (no server, no BFCL download)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 from vllm_allowed_tools.devtools.render import render_chat
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "accuracy.py"
-_spec = importlib.util.spec_from_file_location("accuracy_benchmark", _PATH)
-accuracy = importlib.util.module_from_spec(_spec)
-sys.modules["accuracy_benchmark"] = accuracy
-_spec.loader.exec_module(accuracy)
+accuracy = load_script("benchmarks", "accuracy")   # with its folder importable, as when it runs
 
 #: BFCL-shaped functions (as in BFCL_v4_multiple.json): Gorilla types, dotted names
 FUNCTIONS = [
