@@ -22,6 +22,8 @@ from typing import Any
 import openai
 import pytest
 
+from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
+
 pytestmark = pytest.mark.server
 
 GATED = "delete_file"   # the real_server fixture's approval policy gates it (tests/conftest.py)
@@ -54,33 +56,28 @@ SEARCH = "Search the web for the tallest building in the world."
 DELETE = "Delete the file notes.txt."
 
 
-def _chat_allowed(mode: str, names: list[str]) -> dict[str, Any]:
-    return {"type": "allowed_tools", "allowed_tools": {
-        "mode": mode, "tools": [{"type": "function", "function": {"name": name}} for name in names]}}
-
-
-def _responses_allowed(mode: str, names: list[str]) -> dict[str, Any]:
-    return {"type": "allowed_tools", "mode": mode,
-            "tools": [{"type": "function", "name": name} for name in names]}
-
-
 def _client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=900)
 
 
 def _chat(server, prompt: str, tool_choice: Any, tools: list[dict[str, Any]] = CHAT_TOOLS,
-          stream: bool = False) -> list[tuple[str, dict[str, Any]]]:
-    """One Chat turn: its calls as (name, arguments), a streamed answer assembled from its deltas."""
+          stream: bool = False, text: list[str] | None = None) -> list[tuple[str, dict[str, Any]]]:
+    """One Chat turn: its calls as (name, arguments), a streamed answer assembled from its deltas;
+    its text is appended to ``text`` when given."""
     body = dict(model="tiny", messages=[{"role": "user", "content": prompt}], tools=tools,
                 tool_choice=tool_choice, max_tokens=MAX_TOKENS, temperature=0)
     client = _client(server)
     if not stream:
         message = client.chat.completions.create(**body).choices[0].message
+        if text is not None:
+            text.append(message.content or "")
         return [(call.function.name, json.loads(call.function.arguments))
                 for call in message.tool_calls or ()]
     calls: dict[int, dict[str, str]] = {}
     for chunk in client.chat.completions.create(**body, stream=True):
         for choice in chunk.choices:
+            if text is not None:
+                text.append(choice.delta.content or "")
             for delta in choice.delta.tool_calls or ():
                 call = calls.setdefault(delta.index, {"name": "", "arguments": ""})
                 if delta.function is not None:
@@ -117,12 +114,12 @@ def test_chat_plain_required_calls_the_weather_for_the_city_asked(real_server):
 def test_chat_allowlist_without_the_tool_the_model_wants_gets_no_call_to_it(real_server):
     """The guard's promise on a real answer: plain ``required`` picks ``get_weather`` for this prompt
     (above); with ``get_weather`` outside the allowlist, no such call leaves the server."""
-    calls = _chat(real_server, WEATHER_PARIS, _chat_allowed("required", ["send_email", "search_web"]))
+    calls = _chat(real_server, WEATHER_PARIS, chat_selection("required", ["send_email", "search_web"]))
     assert calls and {name for name, _ in calls} <= {"send_email", "search_web"}, calls
 
 
 def test_chat_streamed_allowlist_required_calls_the_weather_for_tokyo(real_server):
-    calls = _chat(real_server, WEATHER_TOKYO, _chat_allowed("required", ["get_weather", "search_web"]),
+    calls = _chat(real_server, WEATHER_TOKYO, chat_selection("required", ["get_weather", "search_web"]),
                   stream=True)
     assert calls == [("get_weather", {"city": "Tokyo"})]
 
@@ -136,8 +133,11 @@ def test_chat_named_choice_copies_the_address_from_the_prompt(real_server):
 def test_chat_allowlist_auto_answers_or_calls_only_what_it_allows(real_server):
     """``auto`` leaves the model free to answer in prose (SmolLM2 mostly does); any call it makes
     is an allowed one with the city asked about."""
-    calls = _chat(real_server, WEATHER_PARIS, _chat_allowed("auto", ["get_weather"]), stream=True)
+    text: list[str] = []
+    calls = _chat(real_server, WEATHER_PARIS, chat_selection("auto", ["get_weather"]), stream=True,
+                  text=text)
     assert all(call == ("get_weather", {"city": "Paris"}) for call in calls), calls
+    assert calls or "".join(text).strip(), "neither a call nor an answer"
 
 
 def test_chat_never_calls_a_gated_tool(real_server):
@@ -151,7 +151,7 @@ def test_chat_never_calls_a_gated_tool(real_server):
 # ---------------------------------------------------------------- Responses
 
 def test_responses_allowlist_required_calls_the_weather_for_paris(real_server):
-    output = _responses(real_server, WEATHER_PARIS, _responses_allowed("required", ["get_weather",
+    output = _responses(real_server, WEATHER_PARIS, responses_selection("required", ["get_weather",
                                                                                     "send_email"]))
     assert _calls(output) == [("get_weather", {"city": "Paris"})], output
 
@@ -168,13 +168,13 @@ def test_responses_named_search_carries_the_question(real_server):
 
 
 def test_responses_streamed_guard_keeps_the_weather_out_of_an_allowlist_without_it(real_server):
-    output = _responses(real_server, WEATHER_PARIS, _responses_allowed("required", ["search_web"]),
+    output = _responses(real_server, WEATHER_PARIS, responses_selection("required", ["search_web"]),
                         stream=True)
     assert [name for name, _ in _calls(output)] == ["search_web"], output
 
 
 def test_responses_allowlist_auto_answers_or_calls_only_what_it_allows(real_server):
-    output = _responses(real_server, WEATHER_PARIS, _responses_allowed("auto", ["get_weather"]))
+    output = _responses(real_server, WEATHER_PARIS, responses_selection("auto", ["get_weather"]))
     assert all(call == ("get_weather", {"city": "Paris"}) for call in _calls(output)), output
     assert _calls(output) or any(item["type"] == "message" for item in output), output
 

@@ -75,8 +75,8 @@ def tools_held_to_schema(request):
     held = held_to_schema(functions, every_tool=True, name=lambda t: definition(t).name,
                           parameters=lambda t: definition(t).parameters,
                           strict=lambda t: definition(t).strict, pinned=pinned)
-    swap = {id(old): new for old, new in zip(functions, held)}
-    if all(swap[key] is value for key, value in ((id(f), f) for f in functions)):
+    swap = {id(old): new for old, new in zip(functions, held) if new is not old}
+    if not swap:
         return request
     return request.model_copy(update={"tools": [swap.get(id(tool), tool) for tool in tools]})
 
