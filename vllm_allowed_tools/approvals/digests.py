@@ -1,8 +1,7 @@
 """Digests that bind an approval to one exact call and one exact tool definition, so that an
 approval given for one call can never release another. Both are SHA-256 over RFC 8785 canonical
 JSON (:mod:`vllm_allowed_tools.request.digest`), so a client can recompute them; the rule and a
-worked example: ``docs/approvals.md`` ("Digests"). What was stored under the rule before RFC 8785 is
-still recognised (:mod:`.legacy_digests`).
+worked example: ``docs/approvals.md`` ("Digests").
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..request import FunctionSpec, ToolIdentity, function_digest, text_digest, value_digest
-from .legacy_digests import legacy_definition_digest
 
 __all__ = ["PREFIX", "arguments_digest", "call_arguments_digest", "definition_digest",
            "definition_matches", "input_digest"]
@@ -57,8 +55,7 @@ def definition_digest(spec: FunctionSpec | None = None, *, identity: ToolIdentit
 
 def definition_matches(current: FunctionSpec | str, recorded: str) -> bool:
     """Is ``recorded`` (a digest an elicitation or grant carries) the digest of ``current`` (a spec,
-    or the digest a caller computed for it): under today's rule, or under the one before RFC 8785
-    that records stored then carry? The same definition either way, so nothing is widened."""
+    or the digest a caller computed for it)?"""
     if isinstance(current, str):
         return current == recorded
-    return definition_digest(current) == recorded or legacy_definition_digest(current) == recorded
+    return definition_digest(current) == recorded

@@ -18,7 +18,6 @@ from .answers import CheckedAnswer, check_answer, function_call_ids, release_of,
 from .digests import call_arguments_digest
 from .errors import CODE_ELICITATION_CONSUMED, ApprovalInputError
 from .items import ApprovalItems, ElicitationResponse, ToolCallApproval, parse_input_items
-from .legacy_digests import legacy_arguments_digest, legacy_definition_digest
 from .outcomes import Decline, Outcome, ProposedCall, Rejected, Release, Replayed
 from .policy import ApprovalPolicy
 from .store import ElicitationRecord, Grant, GrantStore
@@ -302,30 +301,14 @@ class ApprovalEngine:
     def matching_grants(self, call: ProposedCall, *, principal: str, session: str | None,
                         now: float, arguments_digest: str | None = None,
                         unbound_only: bool = False) -> Iterator[Grant]:
-        """The store's live grants for ``call`` (see :meth:`GrantStore.find_grants`), lazily: those
-        under today's digests first, then those a server stored under the rule before RFC 8785
-        (asked for only when the caller reads on). ``unbound_only``: only grants not bound to
-        arguments. ``arguments_digest``: the call's, when the caller has it already."""
-        def find(definition: str, arguments: str) -> list[Grant]:
-            return self.store.find_grants(subject=principal, session=session,
-                                          identity=call.identity, definition_digest=definition,
-                                          arguments_digest=arguments, now=now)
-
-        today = _NO_ARGUMENTS if unbound_only else (
+        """The store's live grants for ``call`` (see :meth:`GrantStore.find_grants`), lazily.
+        ``unbound_only``: only grants not bound to arguments. ``arguments_digest``: the call's, when
+        the caller has it already."""
+        arguments = _NO_ARGUMENTS if unbound_only else (
             arguments_digest or call_arguments_digest(call.arguments, call.kind))
-        yield from find(call.definition_digest, today)
-        if call.kind == "custom":
-            return   # an earlier server approved no custom tool: nothing was stored under its rule
-        earlier = _NO_ARGUMENTS if unbound_only else legacy_arguments_digest(call.arguments)
-        # a stored pair of today's definition digest and an earlier arguments digest exists only
-        # where both rules give the definition one digest (a grant minted from an earlier record)
-        definitions = [call.definition_digest,
-                       legacy_definition_digest(call.spec) if call.spec is not None else None]
-        asked = {(call.definition_digest, today)}
-        for definition in definitions:
-            if definition is not None and earlier is not None and (definition, earlier) not in asked:
-                asked.add((definition, earlier))
-                yield from find(definition, earlier)
+        yield from self.store.find_grants(subject=principal, session=session, identity=call.identity,
+                                          definition_digest=call.definition_digest,
+                                          arguments_digest=arguments, now=now)
 
     def revoke(self, grant_id: str, *, reason: str | None = None, now: float | None = None) -> bool:
         """Revoke a grant (effective for every later proposal, in every process sharing the store)."""

@@ -28,8 +28,7 @@ class ProposedCall:
     ``arguments`` is the JSON text exactly as the model emitted it (it is what a release hands on);
     for a ``custom`` tool (``kind``), the call's raw ``input``.
     ``hint`` is the tool definition's ``approval`` object (:func:`~.hints.approval_hint`), and
-    ``hint_param`` where it sits in the request (for 400 messages). ``spec``, when known (it is
-    from :meth:`from_spec`), also finds grants stored under the digest rule before RFC 8785.
+    ``hint_param`` where it sits in the request (for 400 messages).
     """
 
     call_id: str
@@ -38,7 +37,6 @@ class ProposedCall:
     definition_digest: str
     hint: Mapping[str, Any] | None = None
     hint_param: str = "approval"
-    spec: FunctionSpec | None = field(default=None, compare=False, repr=False)
     kind: ToolKind = "function"
 
     @classmethod
@@ -46,7 +44,7 @@ class ProposedCall:
                   hint: Mapping[str, Any] | None = None, hint_param: str = "approval") -> ProposedCall:
         return cls(call_id=call_id, identity=spec.identity, arguments=arguments,
                    definition_digest=compute_definition_digest(spec), hint=hint,
-                   hint_param=hint_param, spec=spec, kind=spec.kind)
+                   hint_param=hint_param, kind=spec.kind)
 
     @property
     def flat_name(self) -> str:
