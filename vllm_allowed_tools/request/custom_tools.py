@@ -23,7 +23,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -293,8 +293,3 @@ def is_grammar_tool(tool: Any) -> bool:
     fmt = (inner if isinstance(inner, Mapping) else tool).get("format")
     return isinstance(fmt, Mapping) and fmt.get("type") == "grammar"
 
-
-def custom_tool_names(tools: Sequence[Any]) -> list[str]:
-    """The names of the ``custom`` tools in a Responses ``tools`` array."""
-    return [tool["name"] for tool in tools if isinstance(tool, Mapping) and tool.get("type") == "custom"
-            and isinstance(tool.get("name"), str)]

@@ -338,6 +338,3 @@ def _mcp_answer(item: Mapping[str, Any], param: str) -> dict[str, Any]:
         answer["reason"] = reason
     return answer
 
-
-def read_tools(body: Mapping[str, Any]) -> ServerTools:
-    return read_server_tools(body)
