@@ -3,6 +3,7 @@ reader can hold (the limits docs/architecture.md's layout section states)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "vllm_allowed_tools"
@@ -109,3 +110,22 @@ def test_the_import_scan_resolves_relative_and_absolute_imports() -> None:
     assert {"asgi/middleware.py", "settings.py", "vllm_glue/capabilities.py"} <= _package_imports(middleware)
     assert _reaches_vllm("vllm_glue/middleware.py", set())   # through capabilities.py
     assert not _reaches_vllm("asgi/middleware.py", set())
+
+
+def _layout_entries() -> set[str]:
+    """The package's entries docs/architecture.md's layout block names (``name/`` or ``name.py``)."""
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    package_lines = block.split("vllm_allowed_tools/\n", 1)[1].split("\ndocs/", 1)[0]
+    return {match.group(1) for line in package_lines.splitlines()
+            for match in re.finditer(r"(?:^|;)\s{2,}([a-z_]+(?:/|\.py))(?=\s)", line)}
+
+
+def test_the_documented_layout_is_the_tree() -> None:
+    """A newcomer reads the layout to find a module's home: every top-level folder and module is in
+    it, and nothing it names is gone."""
+    tree = {f"{p.name}/" for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    tree |= {p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
+    documented = _layout_entries()
+    assert documented == tree, (f"docs/architecture.md's layout lacks {sorted(tree - documented)} "
+                                f"and names {sorted(documented - tree)}, which the package does not hold")

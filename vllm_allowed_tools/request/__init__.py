@@ -1,7 +1,8 @@
 """The request path: read a request's tools and tool_choice into the turn's allowlist, and rewrite
 the request so vLLM renders a stable catalog and the parser sees the allowlist.
 
-Other parts of the package import these names from here, never from the modules below."""
+The names most of the package uses are re-exported here; a module's own detail is imported from
+that module."""
 from .allowlist import Choice, TurnAllowlist, resolve_allowlist, resolve_callable_catalog
 from .catalog import Api, catalog_digest
 from .digest import NotCanonicalJSON, canonical_json_bytes, text_digest, value_digest
