@@ -164,7 +164,18 @@ def test_check_hints_names_the_bad_field(tools, param):
 
 
 def test_check_hints_accepts_valid_and_absent_hints():
-    check_hints({"model": "m"}, HINT_POLICY)
+    class Recording:
+        """The operator's policy, recording which hints it was asked to combine."""
+        def __init__(self):
+            self.asked = []
+
+        def effective(self, identity, hint, *, hint_param):
+            self.asked.append((identity.name, hint_param))
+            return HINT_POLICY.effective(identity, hint, hint_param=hint_param)
+
+    judge = Recording()
+    check_hints({"model": "m"}, judge)
+    assert judge.asked == []
     check_hints({"model": "m", "tools": [
         {**_SEND, "approval": {"scopes": ["once"], "expires_in": 30, "bind_arguments": True}},
         {**_WEATHER, "approval": None},
@@ -172,7 +183,10 @@ def test_check_hints_accepts_valid_and_absent_hints():
          "tools": [{**_WEATHER, "approval": {"required": True}}]},
         _chat_tool("lookup", approval={"required": False}),
         {"type": "web_search"},
-    ]}, HINT_POLICY)
+    ]}, judge)
+    # every hint given is combined with the operator's rule, where it sits; a null hint is none
+    assert judge.asked == [("send_email", "tools[0].approval"), ("get_weather", "tools[2].tools[0].approval"),
+                           ("lookup", "tools[3].function.approval")]
 
 
 def _app(reached):

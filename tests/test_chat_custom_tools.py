@@ -64,7 +64,10 @@ def test_every_chat_custom_tool_reaches_vllm_as_the_one_string_input_function():
 def test_vllm_validates_the_served_request():
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     for choice in ("auto", "required", custom("pin"), select("required", custom("pin"))):
-        ChatCompletionRequest(**rewrite_request(chat(EXEC, PIN, NOTE, tool_choice=choice), "chat").body)
+        rewritten = rewrite_request(chat(EXEC, PIN, NOTE, tool_choice=choice), "chat").body
+        served = ChatCompletionRequest(**rewritten)
+        # vLLM reads the served catalog whole: every tool, the custom ones as functions
+        assert {tool.function.name for tool in served.tools} == {"exec_command", "pin", "note"}
 
 
 @pytest.mark.parametrize("tool,param,words", [

@@ -136,8 +136,11 @@ def counted_reason(reason, refused) -> int:
 
 def test_a_free_form_custom_tool_takes_any_input():
     request = body(EXEC, FREE)
-    check_responses_object(_response(_custom_call("note", "anything at all")),
-                           AllowedNames.from_request(request, "responses"), contract=_contract(request))
+    for text in ("anything at all", "", "{not json", "<tool_call>"):
+        answer = _response(_custom_call("note", text))
+        assert check_responses_object(answer, AllowedNames.from_request(request, "responses"),
+                                      contract=_contract(request)) is False   # out as it is
+        assert answer["output"][0]["input"] == text
 
 
 def _stream(text):

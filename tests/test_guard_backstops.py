@@ -147,6 +147,15 @@ def responses_object(output: list[dict[str, Any]], status: str = "completed") ->
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None}
 
 
+def passed(check, body: dict[str, Any], *args, **kwargs) -> dict[str, Any]:
+    """Run a guard over ``body`` that must let it out: no violation, no backstop counted; the body as
+    the client then gets it (a guard may only close a cut call)."""
+    before = backstops()
+    check(body, *args, **kwargs)
+    assert backstops() == before, "a guard that let an answer out counted a backstop"
+    return body
+
+
 def refused(check, *args, **kwargs) -> AllowedToolsViolation:
     with pytest.raises(AllowedToolsViolation) as caught:
         check(*args, **kwargs)
@@ -206,20 +215,25 @@ def test_unary_chat_without_a_call_on_a_required_turn_is_a_500(choice):
 
 @pytest.mark.parametrize("choice", ["auto", "allowed_auto", "absent"])
 def test_unary_chat_without_a_call_is_fine_where_no_call_is_required(choice):
-    check_chat_completion(chat_completion(None, content="text"), policy("chat", choice),
-                          contract=contract("chat", choice))
+    answer = passed(check_chat_completion, chat_completion(None, content="text"), policy("chat", choice),
+                    contract=contract("chat", choice))
+    assert answer == chat_completion(None, content="text")
 
 
 def test_unary_chat_cut_by_the_token_limit_stays_length():
-    check_chat_completion(chat_completion(None, "length", "<tool_call>{\"na"), policy("chat", "required"),
-                          contract=contract("chat", "required"))
+    cut = passed(check_chat_completion, chat_completion(None, "length", "<tool_call>{\"na"),
+                 policy("chat", "required"), contract=contract("chat", "required"))
+    assert cut["choices"][0]["finish_reason"] == "length"
     recorded = load("chat_unary_parallel")["body"]   # vLLM's own: required, cut, no call
-    check_chat_completion(recorded, policy("chat", "required"), contract=contract("chat", "required"))
+    assert recorded["choices"][0]["finish_reason"] == "length"
+    passed(check_chat_completion, recorded, policy("chat", "required"), contract=contract("chat", "required"))
+    assert recorded == load("chat_unary_parallel")["body"]
 
 
 def test_unary_chat_with_a_call_on_a_required_turn_passes():
-    check_chat_completion(chat_completion([(WEATHER.name, GOOD)]), policy("chat", "required"),
-                          contract=contract("chat", "required"))
+    answer = passed(check_chat_completion, chat_completion([(WEATHER.name, GOOD)]),
+                    policy("chat", "required"), contract=contract("chat", "required"))
+    assert answer == chat_completion([(WEATHER.name, GOOD)])
 
 
 @pytest.mark.parametrize("choice", ["required", "named", "allowed_required"])
@@ -242,8 +256,9 @@ def test_unary_responses_cut_by_the_token_limit_stays_incomplete():
 
 @pytest.mark.parametrize("choice", ["auto", "allowed_auto"])
 def test_unary_responses_without_a_call_is_fine_where_no_call_is_required(choice):
-    check_responses_object(responses_object([message_item()]), policy("responses", choice),
-                           contract=contract("responses", choice))
+    answer = passed(check_responses_object, responses_object([message_item()]), policy("responses", choice),
+                    contract=contract("responses", choice))
+    assert answer == responses_object([message_item()])
 
 
 # -------------------------------------------------------------------- arguments not an object: unary
@@ -295,9 +310,14 @@ def test_unary_responses_cut_inside_its_last_call_closes_that_call_as_incomplete
 
 
 def test_without_a_contract_a_guard_judges_names_only():
-    check_chat_completion(chat_completion([(WEATHER.name, "unit{")]), policy("chat"))
-    check_responses_object(responses_object([message_item()]), policy("responses", "required"),
-                           contract=NAMES_ONLY)
+    # arguments that are not JSON, and a required turn without a call: neither is a name's business
+    assert passed(check_chat_completion, chat_completion([(WEATHER.name, "unit{")]), policy("chat")) \
+        == chat_completion([(WEATHER.name, "unit{")])
+    assert passed(check_responses_object, responses_object([message_item()]),
+                  policy("responses", "required"), contract=NAMES_ONLY) == responses_object([message_item()])
+    # a name outside the policy is still refused without a contract
+    outside = chat_completion([("not_offered", GOOD)])
+    assert refused(check_chat_completion, outside, policy("chat")).status == 500
 
 
 # ------------------------------------------------------------------------------- strict: unary
@@ -335,8 +355,12 @@ def test_non_strict_arguments_need_only_be_an_object_unless_the_level_is_paramet
 
 
 def test_a_strict_call_cut_by_the_token_limit_is_not_refused_for_its_schema():
-    cut = chat_completion([(WEATHER.name, '{"priority": "hi')], "length")
-    check_chat_completion(cut, policy("chat"), contract=contract("chat", strict=True))
+    cut = passed(check_chat_completion, chat_completion([(WEATHER.name, '{"priority": "hi')], "length"),
+                 policy("chat"), contract=contract("chat", strict=True))
+    assert cut["choices"][0]["finish_reason"] == "length"
+    # the same arguments, not cut, are refused: the cut is what lets them out
+    assert refused(check_chat_completion, chat_completion([(WEATHER.name, '{"priority": "hi')]),
+                   policy("chat"), contract=contract("chat", strict=True)).status == 500
 
 
 # ------------------------------------------------------------------------------ streamed Chat
