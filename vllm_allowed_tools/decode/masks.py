@@ -7,7 +7,11 @@ The vLLM adapter (``vllm_glue/logits_processor.py``) only translates vLLM's batc
 :meth:`MaskedBatch.add`, :meth:`~MaskedBatch.remove` and :meth:`~MaskedBatch.move`, and, when the
 server runs a reasoning parser, hands over a :class:`ReasoningGate` built from it: a row whose prompt
 has not ended reasoning is left unconstrained until its output ends it, as vLLM's structured-output
-manager does for the native stage, and its matcher starts from the token the gate names."""
+manager does for the native stage, and its matcher starts from the token the gate names.
+
+A row that must call (:mod:`.reasoning_hold`) may not stop while it reasons, and ends its reasoning
+while the budget still holds its call: on this stage with its grammar, on vLLM's native stage as a
+row without one (the native stage owns the grammar; this processor only holds the reasoning)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any, Protocol
 
 from .compiled import CompiledGrammars
 from .cpu_mask import apply_on_cpu
+from .reasoning_hold import END_REASONING, next_step, refused_tokens
 from .stage import RequestGrammar
 
 logger = logging.getLogger(__name__)
@@ -37,6 +42,10 @@ class ReasoningGate(Protocol):
         tokens, reasoning until then) ends reasoning; None while reasoning goes on. An explicit end
         (``</think>``) starts the grammar after it; an implicit one (a call start) at it."""
 
+    #: the token that ends reasoning explicitly (``</think>``), None when the parser has none; a
+    #: row that must call is made to write it while its budget still holds the call
+    end_token_id: int | None
+
 
 @dataclass
 class _Row:
@@ -50,6 +59,8 @@ class _Row:
     prompt_ids: Sequence[int] = ()     # for the gate, while reasoning
     grammar: RequestGrammar | None = None   # a split row's: its own grammar replaces the two
     start: int = 0                     # where in ``output_ids`` the grammar started
+    must_call: int | None = None       # a turn that must call: tokens kept for its shortest call
+    max_tokens: int | None = None      # the request's budget (``SamplingParams.max_tokens``)
 
 
 class MaskedBatch:
@@ -85,12 +96,20 @@ class MaskedBatch:
 
     # ------------------------------------------------------------------ batch changes
     def add(self, row: int, grammar: RequestGrammar | None, output_ids: Sequence[int],
-            stop_token_ids: Sequence[int] = (), prompt_ids: Sequence[int] | None = None) -> None:
+            stop_token_ids: Sequence[int] = (), prompt_ids: Sequence[int] | None = None,
+            must_call: int | None = None, max_tokens: int | None = None) -> None:
         """A request enters ``row`` (replacing whatever was there); tokens it already produced
         (a resumed request) are replayed into the new matcher on the next :meth:`sync`, through
-        the reasoning gate first when the prompt left reasoning open."""
+        the reasoning gate first when the prompt left reasoning open. ``must_call``: the row
+        must call (the tokens its shortest call needs), held while it reasons, with or without a
+        grammar here (:mod:`.reasoning_hold`)."""
         self.rows.pop(row, None)
         if grammar is None:
+            if must_call is not None and self.reasoning is not None \
+                    and not self.reasoning.ended_in_prompt(prompt_ids or ()):
+                self.rows[row] = _Row(matcher=None, output_ids=output_ids, reasoning=True,
+                                      stop_token_ids=tuple(stop_token_ids), prompt_ids=prompt_ids or (),
+                                      must_call=must_call, max_tokens=max_tokens)
             return
         try:
             matcher, envelope = self.grammars.matchers(grammar, stop_token_ids)
@@ -104,7 +123,8 @@ class MaskedBatch:
         self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
                               stop_token_ids=tuple(stop_token_ids), envelope=envelope,
                               reasoning=reasoning, prompt_ids=(prompt_ids or ()) if reasoning else (),
-                              grammar=grammar if envelope is not None and self.grammars.upgrade else None)
+                              grammar=grammar if envelope is not None and self.grammars.upgrade else None,
+                              must_call=must_call, max_tokens=max_tokens)
 
     def remove(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -125,9 +145,12 @@ class MaskedBatch:
         matchers: list[Any] = []
         tokens: list[int] = []
         owners: list[_Row] = []
-        for state in self.rows.values():
+        for row, state in list(self.rows.items()):
             output = state.output_ids
             if state.reasoning and not self._end_reasoning(state):
+                continue
+            if state.matcher is None and not state.failed:   # held only while it reasoned
+                del self.rows[row]
                 continue
             new = len(output) - state.consumed
             if new <= 0:
@@ -237,6 +260,9 @@ class MaskedBatch:
         masked, live_rows, live_matchers, envelope_rows, envelopes = [], [], [], [], []
         for row, state in self.rows.items():
             if row >= batch or state.reasoning:
+                if row < batch and state.must_call is not None:
+                    self._hold(row, state)
+                    masked.append(row)
                 continue
             if state.failed or state.matcher.is_terminated():
                 self._stop_only(row, state)
@@ -283,6 +309,25 @@ class MaskedBatch:
     def _apply_on_cpu(self, logits: Any, rows: Sequence[int], vocab: int) -> None:
         """Mask ``rows`` (sorted) of CPU logits below ``vocab`` (:func:`.cpu_mask.apply_on_cpu`)."""
         apply_on_cpu(logits, self._words, rows, vocab, self.SPARSE_WORDS_SHARE)
+
+    def _hold(self, row: int, state: _Row) -> None:
+        """A reasoning row that must call: no stop token, or only the end of reasoning once the
+        budget left is the call's (:func:`.reasoning_hold.next_step`)."""
+        import numpy as np
+        end = getattr(self.reasoning, "end_token_id", None)
+        step = next_step(len(state.output_ids), state.max_tokens, state.must_call or 0, end)
+        if step == END_REASONING and 0 <= end < self.vocab_size:
+            self._words[row] = 0
+            self._words[row, end // 32] = np.int32(np.uint32(1 << (end % 32)).view(np.int32))
+            return
+        stops = tuple(sorted({*state.stop_token_ids, *self.grammars.tokenizer_info.stop_token_ids}))
+        key = ("ban", stops, end)
+        words = self._stop_rows.get(key)
+        if words is None:
+            bits = np.ones(self._words.shape[1] * 32, dtype=np.uint8)
+            bits[sorted(refused_tokens(stops, self.vocab_size, end))] = 0
+            words = self._stop_rows[key] = np.packbits(bits, bitorder="little").view(np.int32)
+        self._words[row] = words
 
     def _stop_only(self, row: int, state: _Row) -> None:
         """Only the request's stop tokens (a finished grammar, or one that refused a token); the

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..call_filter import CallFilter, CallKind
 from ..decode.custom_capability import refuse_uncarried_custom_tools
+from ..decode.reasoning_hold import XARGS_MUST_CALL
 from ..decode.stage import XARGS_KEYS
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
@@ -116,8 +117,9 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
         new["chat_template_kwargs"] = {k: v for k, v in kwargs.items() if k != TEMPLATE_KWARG}
         changed = True
     xargs = new.get("vllm_xargs")
-    if isinstance(xargs, Mapping) and any(key in xargs for key in XARGS_KEYS):
-        new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in XARGS_KEYS}
+    ours = (*XARGS_KEYS, XARGS_MUST_CALL)   # set by the parser wrapper only, never by a client
+    if isinstance(xargs, Mapping) and any(key in xargs for key in ours):
+        new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in ours}
         changed = True
     allowlist = resolve_allowlist(new, api)
     original = body.get("tool_choice")

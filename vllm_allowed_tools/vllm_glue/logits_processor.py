@@ -16,6 +16,11 @@ With a reasoning parser (``--reasoning-parser``), a row's grammar waits for the 
 decided by that parser exactly as vLLM's structured-output manager decides it for the native stage
 (``_VllmReasoningGate``); ``--structured-outputs-config.enable_in_reasoning`` constrains from the
 first token instead, as there.
+
+A turn that must call (``extra_args`` carries :data:`..decode.reasoning_hold.XARGS_MUST_CALL`, set by
+the parser wrapper on either stage) is held while it reasons: no stop token, and reasoning ends while
+the budget holds the call. On the native stage such a row has no grammar here; this processor only
+holds its reasoning, and leaves the row once the reasoning ends.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from ..decode.masks import CompiledGrammars, MaskedBatch, ReasoningGate
+from ..decode.reasoning_hold import read_must_call
 from ..decode.stage import ConstraintArgsError, read_extra_args
 
 try:  # vLLM 0.32: engine-based reasoning parsers (qwen3, ...) say which end token is content
@@ -78,6 +84,20 @@ class _VllmReasoningGate:
         self._by_end_token = (ParserEngineReasoningAdapter is not None
                               and isinstance(reasoner, ParserEngineReasoningAdapter)
                               and bool(reasoner.reasoning_end_token_ids))
+        self.end_token_id = self._explicit_end(reasoner)
+
+    def _explicit_end(self, reasoner: Any) -> int | None:
+        """The token that ends reasoning explicitly: an engine parser's end token that is not an
+        implicit end (qwen3's ``</think>``, not its ``<tool_call>``), a ``<think>`` scanner's
+        ``end_token_id``; None when the parser names none."""
+        if self._by_end_token:
+            for token in sorted(reasoner.reasoning_end_token_ids):
+                end = reasoner.find_reasoning_end([token])
+                if end is not None and not end.implicit:
+                    return int(token)
+            return None
+        token = getattr(reasoner, "end_token_id", None)
+        return token if isinstance(token, int) and not isinstance(token, bool) else None
 
     def ended_in_prompt(self, prompt_ids) -> bool:
         return bool(self._reasoner.is_reasoning_end(list(prompt_ids)))
@@ -122,6 +142,7 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
     def validate_params(cls, sampling_params) -> None:
         try:
             read_extra_args(sampling_params.extra_args)
+            read_must_call(sampling_params.extra_args)
         except ConstraintArgsError as error:
             raise ValueError(str(error)) from None
 
@@ -138,6 +159,13 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
                                       self._max_rows, reasoning=reasoning_gate_for(self._vllm_config))
         return self._batch
 
+    def _holds_reasoning(self) -> bool:
+        """Whether rows that must call are held while they reason: the server runs a reasoning
+        parser whose reasoning is left unconstrained (no parser: the grammar applies from the first
+        token, nothing to hold)."""
+        config = self._vllm_config.structured_outputs_config
+        return bool(config.reasoning_parser) and not config.enable_in_reasoning
+
     def is_argmax_invariant(self) -> bool:
         return False
 
@@ -150,10 +178,13 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
             for row, params, prompt_ids, output_ids in batch_update.added:
                 grammar = (read_extra_args(params.extra_args, verify=False)   # checked at admission
                            if params is not None else None)
-                if grammar is None and self._batch is None:
+                must_call = read_must_call(params.extra_args) if params is not None else None
+                if grammar is None and self._batch is None and \
+                        (must_call is None or not self._holds_reasoning()):
                     continue
                 stops = sorted(getattr(params, "all_stop_token_ids", None) or ())
-                self._masked_batch().add(row, grammar, output_ids, stops, prompt_ids)
+                self._masked_batch().add(row, grammar, output_ids, stops, prompt_ids, must_call=must_call,
+                                         max_tokens=getattr(params, "max_tokens", None))
             for source, target, direction in batch_update.moved:
                 if self._batch is not None:
                     self._batch.move(source, target, direction == MoveDirectionality.SWAP)

@@ -24,12 +24,18 @@ from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
-from .call_arrays import read_required_array, required_array_grammar, without_client_formats
+from .call_arrays import (
+    auto_list_grammar,
+    read_required_array,
+    required_array_grammar,
+    without_client_formats,
+)
 from .capabilities import active_constraint_stage
 from .stream_calls import ReleasedStream, UnaryStream, call_start, with_calls
 from .turn_grammar import (
     function_tools,
     hand_grammar_to_logits_processor,
+    mark_must_call,
     plain_request_tag,
     request_subset_tag,
     tool_name,
@@ -110,7 +116,9 @@ class AllowedToolsMixin:
     def adjust_request(self, request):
         allowlist = request_allowlist(request)
         if allowlist is None:
-            return super().adjust_request(request)
+            request = super().adjust_request(request)
+            mark_must_call(request, None, getattr(self, "model_tokenizer", None))
+            return request
         # The base parser, run on a copy that holds only the allowed tools, gives its own grammar
         # for the subset (JSON-schema parsers) and its other side effects (e.g. keeping special
         # tokens such as [TOOL_CALLS] in the output); the catalog-wide grammar is never taken.
@@ -122,10 +130,16 @@ class AllowedToolsMixin:
         elif allowlist.mode == "required" and allowlist.allowed:
             request = self._ensure_call_array(request, allowlist)
             self._read_calls_with_the_parser(request)
+        elif allowlist.allowed:   # auto: a JSON-array format's grammar, where it has one
+            outputs = auto_list_grammar(self.allowed_tools_base_parser, request, allowlist)
+            if outputs is not None:
+                request = without_client_formats(request)
+                request.structured_outputs = outputs
         if getattr(probe, "skip_special_tokens", None) is False:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
             hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
+        mark_must_call(request, allowlist, getattr(self, "model_tokenizer", None))
         return request
 
     def _ensure_call_array(self, request, allowlist: WireAllowlist):
@@ -146,8 +160,15 @@ class AllowedToolsMixin:
         ``auto``; the grammar set above still forces the array of allowed calls, the allowlist
         (``mode: required``) still tells this wrapper the output is all call, and the middleware
         echoes the client's own ``tool_choice``. Requests without a policy never get here."""
-        if request.tool_choice == "required" and self._array_starves_in_a_stream():
+        if request.tool_choice == "required" and (self._array_starves_in_a_stream()
+                                                  or self._calls_are_pythonic()):
             request.tool_choice = "auto"
+
+    @classmethod
+    def _calls_are_pythonic(cls) -> bool:
+        """Required turns are written as Python calls (decode/call_lists.py), which vLLM's
+        JSON-array reader cannot read: the format's own parser reads them."""
+        return wire_format(cls.allowed_tools_base_parser).grammar.call_syntax == "pythonic"
 
     def _ensure_structural_tag(self, request, allowlist: WireAllowlist):
         from vllm import envs

@@ -8,6 +8,7 @@ has none, and the move of a grammar from vLLM's structured outputs to the logits
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from ..decode.argument_schemas import every_tool_held, held_to_schema
@@ -18,6 +19,11 @@ from ..request.custom_tools import input_grammar
 from ..request.rewrite import WireAllowlist
 from ..settings import current
 from .capabilities import json_schema_stays_native
+
+logger = logging.getLogger(__name__)
+
+#: the reserve of a turn whose shortest call could not be sized
+FALLBACK_RESERVE = 64
 
 
 def tool_name(tool: Any) -> str | None:
@@ -56,23 +62,24 @@ def allowed_functions(request, allowlist: WireAllowlist) -> list[AllowedFunction
 def tools_held_to_schema(request):
     """A plain request as vLLM's own tag builder should see it: each function tool whose schema
     xgrammar compiles marked ``strict``, so ``required``, named choices and calls after a trigger
-    follow the schema (:mod:`..decode.argument_schemas`); a shallow copy, the client's request is
+    follow the schema, string lengths left to the guard where they compile slowly
+    (:mod:`..decode.argument_schemas`); a shallow copy, the client's request is
     untouched (the guard reads the client's own ``strict``)."""
     tools = list(getattr(request, "tools", None) or [])
-    if not tools or not every_tool_held():
+    if not tools:
         return request
 
     def definition(tool):   # Chat nests the function; Responses' function tool is flat
         return getattr(tool, "function", None) or tool
 
-    def pinned(tool, schema):
+    def pinned(tool, schema, strict):
         inner = definition(tool)
-        held = inner.model_copy(update={"strict": True, "parameters": schema})
+        held = inner.model_copy(update={"strict": strict, "parameters": schema})
         return tool.model_copy(update={"function": held}) if inner is not tool else held
 
     functions = [tool for tool in tools if getattr(tool, "type", None) == "function"
                  and hasattr(definition(tool), "parameters") and hasattr(definition(tool), "strict")]
-    held = held_to_schema(functions, every_tool=True, name=lambda t: definition(t).name,
+    held = held_to_schema(functions, every_tool=every_tool_held(), name=lambda t: definition(t).name,
                           parameters=lambda t: definition(t).parameters,
                           strict=lambda t: definition(t).strict, pinned=pinned)
     swap = {id(old): new for old, new in zip(functions, held) if new is not old}
@@ -138,3 +145,62 @@ def hand_grammar_to_logits_processor(request, wire_format: str, allowlist: WireA
                           XARGS_DIGEST: tag_digest(tag_json),
                           **(split.extra_args() if split is not None else {})}
     request.structured_outputs = None
+
+
+def must_call(request, allowlist: WireAllowlist | None) -> bool:
+    """Whether the turn must call: an allowlist in ``required`` mode with something callable, or
+    (no allowlist) plain ``required`` or a named tool."""
+    if allowlist is not None:
+        return allowlist.mode == "required" and bool(allowlist.allowed or allowlist.server)
+    choice = getattr(request, "tool_choice", None)
+    return choice == "required" or (choice is not None and not isinstance(choice, str)
+                                    and bool(tool_name(choice)))
+
+
+def requested_max_tokens(request) -> int | None:
+    """The request's output budget: Chat's ``max_completion_tokens`` / ``max_tokens``, Responses'
+    ``max_output_tokens`` (None when it sets none)."""
+    for field in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = getattr(request, field, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def call_reserve(request, tokenizer) -> int | None:
+    """The tokens the shortest call the request's grammar admits needs (:mod:`..decode.call_budget`),
+    from the grammar the wrapper set (the logits-processor stage's, or vLLM's structured outputs);
+    None without one."""
+    from ..decode.call_budget import reserve_tokens, shortest_array_call, shortest_call_text
+    outputs = getattr(request, "structured_outputs", None)
+    tag = (getattr(request, "vllm_xargs", None) or {}).get(XARGS_TAG) or \
+        (outputs.structural_tag if outputs is not None else None)
+    if tag is not None:
+        schemas = {function.name: function.parameters for function in catalog_functions(request)}
+        pieces = shortest_call_text(tag, schemas)
+    elif outputs is not None and outputs.json is not None:
+        pieces = shortest_array_call(outputs.json)
+    else:
+        return None
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None \
+            else len(text) // 2 + 1
+    return reserve_tokens(pieces, count)
+
+
+def mark_must_call(request, allowlist: WireAllowlist | None, tokenizer) -> None:
+    """A turn that must call carries the reserve of its shortest call to the logits processor
+    (both stages): while it reasons it cannot stop, and its reasoning ends while the budget holds
+    the call (:mod:`..decode.reasoning_hold`)."""
+    from ..decode.reasoning_hold import XARGS_MUST_CALL
+    if not must_call(request, allowlist):
+        return
+    try:
+        reserve = call_reserve(request, tokenizer)
+    except Exception:   # an estimate must never fail a request: keep a generous stand-in
+        logger.warning("vllm-allowed-tools: could not size the shortest call; reserving %d tokens",
+                       FALLBACK_RESERVE, exc_info=True)
+        reserve = FALLBACK_RESERVE
+    if reserve is not None:
+        request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_MUST_CALL: reserve}
