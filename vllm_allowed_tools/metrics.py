@@ -15,6 +15,11 @@ The counters live on prometheus_client's default ``REGISTRY`` because that is wh
   ``strict_arguments_invalid`` (a ``strict`` tool's arguments do not validate against its schema),
   ``custom_input_invalid`` (a custom tool's input its ``format`` grammar does not admit).
   Each is also counted once in ``violations_total`` under the source that stopped it.
+* ``vllm_allowed_tools:server_tool_failures_total{reason}``: a server-side call (one vLLM runs
+  itself) that did not give an output: ``raised`` (running it raised: the tool server gone, a reply
+  vLLM cannot read), ``tool_error`` (the tool answered with an error), ``cut_off`` (the call was
+  cut off by the token limit, never run), ``not_called`` (ended by another stop token than
+  harmony's call end, never run), ``not_json`` (arguments that do not parse, never run).
 * ``vllm_allowed_tools:fallbacks_total{kind}``: an explicitly enabled compatibility fallback (such
   as catalog filtering) was used; such requests do not have the full cache-friendly contract.
 
@@ -36,6 +41,7 @@ __all__ = [
     "VIOLATION_SOURCES",
     "record_backstop",
     "record_fallback",
+    "record_server_tool_failure",
     "record_invalid_selection",
     "record_violation",
     "snapshot",
@@ -49,6 +55,9 @@ VIOLATION_SOURCES = frozenset({"parser", "unary_guard", "stream_guard", "unreada
 BACKSTOP_REASONS = frozenset({"required_without_call", "arguments_not_object",
                               "strict_arguments_invalid", "custom_input_invalid"})
 
+#: why a server-side call gave no output (``record_server_tool_failure``)
+SERVER_TOOL_FAILURES = frozenset({"raised", "tool_error", "cut_off", "not_called", "not_json"})
+
 # family -> (prometheus name, label name, help)
 METRIC_NAMES: dict[str, tuple[str, str, str]] = {
     "invalid_selections": (
@@ -61,6 +70,9 @@ METRIC_NAMES: dict[str, tuple[str, str, str]] = {
         "vllm_allowed_tools:backstops", "reason",
         "Answers refused by an output-guard backstop: a required call missing, arguments that are "
         "not a JSON object, strict arguments that do not validate."),
+    "server_tool_failures": (
+        "vllm_allowed_tools:server_tool_failures", "reason",
+        "Server-side tool calls that failed when run, or were not complete and never ran."),
     "fallbacks": (
         "vllm_allowed_tools:fallbacks", "kind",
         "Requests served through an explicitly enabled compatibility fallback."),
@@ -128,6 +140,12 @@ def record_backstop(reason: str) -> None:
     """Count one answer refused by an output-guard backstop (one of :data:`BACKSTOP_REASONS`;
     anything else is counted as ``other``, like :func:`record_violation`)."""
     _record("backstops", reason if reason in BACKSTOP_REASONS else "other")
+
+
+def record_server_tool_failure(reason: str) -> None:
+    """Count one server-side call that gave no output (one of :data:`SERVER_TOOL_FAILURES`;
+    anything else is counted as ``other``)."""
+    _record("server_tool_failures", reason if reason in SERVER_TOOL_FAILURES else "other")
 
 
 def record_fallback(kind: str) -> None:

@@ -6,6 +6,12 @@ functions (vLLM's builder, as for any turn) and, for each allowed server-side to
 recipients as vLLM's dispatch reads them (``container.<tool>``, ``browser.<search|open|find>``,
 ``python``), the arguments a JSON object (``python``: the code, any text). The tool catalog stays
 whole in the prompt; only what may be written is narrowed.
+
+Every call of such a turn ends with ``<|call|>`` and nothing else: vLLM's tags end a call at any
+stop token (``""``), and a call ended by ``<|return|>`` reads as complete to vLLM's loop, which would
+run it. ``<|call|>`` is a stop token, which xgrammar admits only where its grammar has ended, so a
+grammar naming it as content needs it out of the grammar's stop set (vLLM still stops on it:
+:func:`..vllm_glue.harmony_tools.stop_tokens_for_grammar`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from .marker_tokens import with_marker_tokens
 
 #: the tools vLLM's browser dispatches (``browser.<name>``)
 BROWSER_TOOLS = ("search", "open", "find")
-_CALL_END = [""]   # a call ends at <|call|>, a stop token: the grammar ends, the stop follows
+#: a call's end: harmony's <|call|>, as its token (the marker rewrite), never another stop token
+CALL_END = "<|call|>"
 _OBJECT = {"type": "object"}
 
 
@@ -89,7 +96,7 @@ def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whites
         if builtin == "python":
             formats.append(TagFormat(begin="<|channel|>commentary to=python<|message|>",
                                      content=AnyTextFormat(excludes=["<|start|>", "<|end|>"]),
-                                     end=_CALL_END))
+                                     end=CALL_END))
             continue
         listed = listings(builtin) or {}
         names: Sequence[str | None] = [name]
@@ -100,12 +107,13 @@ def server_call_formats(recipients: Sequence[tuple[str, str | None]], max_whites
             if tool is not None:
                 formats.append(TagFormat(
                     begin=f"<|channel|>commentary to={builtin}.{tool} <|constrain|>json<|message|>",
-                    content=arguments, end=_CALL_END))
+                    content=arguments, end=CALL_END))
             else:   # any tool of this server: a plain identifier, as MCP names are
                 formats.append(SequenceFormat(elements=[
                     ConstStringFormat(value=f"<|channel|>commentary to={builtin}."),
                     RegexFormat(pattern=r"[A-Za-z_][A-Za-z0-9_\-]{0,63}"),
-                    ConstStringFormat(value=" <|constrain|>json<|message|>"), arguments]))
+                    ConstStringFormat(value=" <|constrain|>json<|message|>"), arguments,
+                    ConstStringFormat(value=CALL_END)]))
     return formats
 
 
@@ -134,6 +142,28 @@ def with_server_calls(function_tag: StructuralTag | None, recipients: Sequence[t
 
 def _as_tokens(tag: StructuralTag) -> StructuralTag:
     """``tag`` with harmony's markers admitted only as their tokens, as the functions' tag has them
-    (:mod:`.marker_tokens`; the recipients added here are written as text first)."""
+    (:mod:`.marker_tokens`; the recipients added here are written as text first), and every call
+    ending with ``<|call|>``."""
     from ..formats import wire_format
-    return with_marker_tokens(tag, dict(wire_format("openai").grammar.marker_tokens))
+    markers = dict(wire_format("openai").grammar.marker_tokens)
+    rewritten = with_marker_tokens(tag, markers)
+    if rewritten is None or CALL_END not in markers:
+        return rewritten
+    return StructuralTag.model_validate(_calls_end_with(rewritten.model_dump(), markers[CALL_END]))
+
+
+def _calls_end_with(node: Any, token: int | str) -> Any:
+    """``node`` (a tag's JSON) with each call's stop end (``""`` after JSON arguments: vLLM's
+    function tags) replaced by ``token``; a final answer's text keeps its stop end."""
+    if isinstance(node, list):
+        return [_calls_end_with(item, token) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _calls_end_with(value, token) for key, value in node.items()}
+    if out.get("type") == "tag" and (out.get("content") or {}).get("type") == "json_schema":
+        end = out["end"]
+        ends = [{"type": "token", "token": token} if e == "" else e
+                for e in (end if isinstance(end, list) else [end])]
+        out["end"] = ends[0] if len(ends) == 1 else ends
+    return out
+

@@ -56,6 +56,10 @@ def _is_server_item(item: Any) -> bool:
 def _executed_item(turn: ServerTurn, index: int, item: Mapping[str, Any]) -> dict[str, Any]:
     """``item`` (the ``index``-th executed call's) with what the run gave."""
     out = dict(item)
+    if index < len(turn.executed) and out.get("type") != "mcp_call":
+        if turn.executed[index].error is not None:   # no error field: the status says it
+            out["status"] = "failed"
+        return out
     if index < len(turn.executed) and out.get("type") == "mcp_call":
         run = turn.executed[index]
         if run.output is not None:
@@ -95,10 +99,18 @@ def _reasoning_text(item: Mapping[str, Any]) -> str:
                    if isinstance(part, Mapping))
 
 
-def _stopped_item(item: Mapping[str, Any]) -> dict[str, Any]:
-    return {**item, "status": "incomplete",
-            "error": mcp_error("max_tool_calls reached (the request's, or the server's "
-                               "VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS); this call was not run")}
+def _stopped_item(item: Mapping[str, Any], decision: ServerDecision) -> dict[str, Any]:
+    """The item of a call the loop ended at, not run: ``status: incomplete`` and why."""
+    if decision.verdict == "incomplete":
+        why = f"{decision.reason}; this call was not run"
+    else:
+        why = ("max_tool_calls reached (the request's, or the server's "
+               "VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS); this call was not run")
+    out = {**item, "status": "incomplete"}
+    if out.get("type") == "mcp_call":   # the other items have no error field
+        out["error"] = mcp_error(why)
+        out.pop("output", None)
+    return out
 
 
 def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, Any]:
@@ -128,7 +140,7 @@ def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, A
     stopped = turn.stopped
     if stopped is not None and server_at:   # the loop stopped there: the last item, not run
         at = server_at.pop()
-        new[at] = _stopped_item(new[at])
+        new[at] = _stopped_item(new[at], stopped)
     resume = turn.resume
     runs = 0   # executed[runs] is the next server-side item's run
     for n, i in enumerate(server_at):
@@ -234,8 +246,8 @@ class ServerToolStream:
         if decision.verdict == "refuse":
             return self.stream.terminate(refusal_violation(decision, source="stream_guard"))
         index = held[0].get("output_index")
-        if decision.verdict == "stop":
-            return [self._shifted({**e, "item": _stopped_item(e["item"])}
+        if decision.verdict in ("stop", "incomplete"):
+            return [self._shifted({**e, "item": _stopped_item(e["item"], decision)}
                                   if e.get("type") == "response.output_item.done"
                                   and isinstance(e.get("item"), Mapping) else e) for e in held]
         if decision.verdict == "pause":

@@ -32,8 +32,10 @@ TURN_KEY = "vllm_allowed_tools_server_turn"
 
 #: execute: vLLM runs it; pause: it waits for an approval (the response ends with the approval
 #: item); refuse: it may not run (the turn ends as a violation); stop: allowed, but the request's
-#: max_tool_calls is reached (the response ends with the call, not run)
-Verdict = Literal["execute", "pause", "refuse", "stop"]
+#: max_tool_calls is reached (the response ends with the call, not run); incomplete: the call is not
+#: a complete one (cut off by the token limit, ended by a stop token other than harmony's call end,
+#: or arguments that do not parse): never run, never asked about, the response ends with it
+Verdict = Literal["execute", "pause", "refuse", "stop", "incomplete"]
 Wire = Literal["mcp", "elicitation"]
 
 
@@ -197,6 +199,19 @@ class ServerTurn:
                                   approval=result, wire=wire)
         return ServerDecision("refuse", target, arguments, "it can never be approved here", tool)
 
+    def incomplete(self, recipient: Any, arguments: Any, reason: str) -> ServerDecision | None:
+        """Record a call vLLM's loop would run that is not complete (see :data:`Verdict`): it is
+        never decided, so it never runs and is never put before a person; None: vLLM runs nothing
+        for this recipient anyway."""
+        target = recipient_target(recipient)
+        if target is None:
+            return None
+        decision = ServerDecision("incomplete", target, arguments if isinstance(arguments, str)
+                                  else "", reason, self.tools.for_builtin(target.builtin))
+        with self._lock:
+            self.decisions.append(decision)
+        return decision
+
     def resumed_decision(self, message: Any) -> ServerDecision:
         """The decision for the call this request resumes (an accepted approval), remembered for
         :meth:`authorize` like any other."""
@@ -240,7 +255,8 @@ class ServerTurn:
 
     @property
     def stopped(self) -> ServerDecision | None:
-        return next((d for d in self.decisions if d.verdict == "stop"), None)
+        """The call the loop ended at without running it (max_tool_calls, or not complete)."""
+        return next((d for d in self.decisions if d.verdict in ("stop", "incomplete")), None)
 
     @property
     def refused(self) -> ServerDecision | None:

@@ -26,7 +26,10 @@ import inspect
 import logging
 from typing import Any
 
+from ..metrics import record_server_tool_failure
 from ..server_tools.turn import HookStatus, ServerTurn, registered, set_hook_status
+from . import harmony_tools
+from ..server_tools.runs import failure_text, incomplete_reason, note_end, watching_errors
 
 logger = logging.getLogger("vllm.allowed_tools.server_tools")  # under vLLM's logger
 
@@ -78,6 +81,7 @@ def check() -> HookStatus:
     for owner, name, is_async in ((HarmonyContext, "need_builtin_tool_call", False),
                                   (HarmonyContext, "call_tool", True),
                                   (HarmonyContext, "append_tool_output", False),
+                                  (HarmonyContext, "append_output", False),
                                   (OpenAIServingResponses, "_generate_with_builtin_tools", None)):
         method = getattr(owner, name, None)
         if method is None:
@@ -91,6 +95,7 @@ def check() -> HookStatus:
     for name in ("engine_input", "sampling_params", "context", "tok_params"):
         if name not in params:
             problems.append(f"_generate_with_builtin_tools has no {name!r} parameter")
+    problems += [f"{name} is missing" for name in harmony_tools.missing()]
     if problems:
         return HookStatus(False, f"vLLM {version}: " + "; ".join(problems), VERIFIED_ON)
     if not any(version.startswith(v) for v in VERIFIED_ON):
@@ -115,6 +120,8 @@ def install() -> HookStatus:
     from vllm.entrypoints.openai.responses.context import HarmonyContext, ParsableContext
     from vllm.entrypoints.openai.responses.serving import OpenAIServingResponses
 
+    harmony_tools.install()
+    HarmonyContext.append_output = _noting_the_end(HarmonyContext.append_output)
     HarmonyContext.need_builtin_tool_call = _deciding(HarmonyContext.need_builtin_tool_call)
     HarmonyContext.call_tool = _backstopped(HarmonyContext.call_tool)
     OpenAIServingResponses._generate_with_builtin_tools = _resuming(
@@ -166,6 +173,14 @@ def _deciding(need: Any) -> Any:
             logger.error("vllm-allowed-tools: a server-side call to %r reached vLLM's loop "
                          "without a decision; it was not run", message.recipient)
             return False
+        broken = incomplete_reason(self, message, _arguments(message))
+        if broken is not None:   # decided only when complete: never run, never asked about
+            metric, why = broken
+            if turn.incomplete(message.recipient, _arguments(message), why) is not None:
+                record_server_tool_failure(metric)
+                logger.info("vllm-allowed-tools: server-side call %r not run: %s",
+                            message.recipient, why)
+            return False
         decision = turn.decide(message.recipient, _arguments(message), message)
         if decision is None:
             return False
@@ -190,14 +205,34 @@ def _backstopped(call: Any) -> Any:
             return _refusal_messages(message, "This tool call was not allowed; it was not run.") \
                 if message is not None else []
         try:
-            output = await call(self)
-        except Exception as exc:
-            turn.record(decision, None, f"{type(exc).__name__}: {exc}")
-            raise
-        turn.record(decision, _output_text(output))
+            with watching_errors(self, decision.target.builtin) as replies:
+                output = await call(self)
+        except Exception as exc:   # noqa: BLE001 - the model sees the failure; the loop goes on
+            text = failure_text(exc)
+            turn.record(decision, None, text)
+            record_server_tool_failure("raised")
+            logger.warning("vllm-allowed-tools: server-side call %r failed: %s", message.recipient,
+                           text)
+            _relax_after_a_call(turn)
+            return _refusal_messages(message, text)
+        if any(getattr(reply, "isError", False) for reply in replies):
+            turn.record(decision, None, _output_text(output) or "the tool answered with an error")
+            record_server_tool_failure("tool_error")
+        else:
+            turn.record(decision, _output_text(output))
         _relax_after_a_call(turn)
         return output
     return call_tool
+
+
+def _noting_the_end(append_output: Any) -> Any:
+    """``append_output``: remembers how each generation ended (the hook decides a call only when
+    it ended with harmony's call end)."""
+    @functools.wraps(append_output)
+    def wrapped(self: Any, output: Any) -> None:
+        append_output(self, output)
+        note_end(self, output)
+    return wrapped
 
 
 def _relax_after_a_call(turn: ServerTurn) -> None:
