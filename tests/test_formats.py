@@ -267,6 +267,12 @@ def test_every_argument_slot_admits_only_an_object(name):
         ToolParserManager.get_tool_parser(name)   # registers the builder vLLM keeps with its parser
     loose = [AllowedFunction("t1", None, strict=None), AllowedFunction("t2", {}, strict=True)]
     tag = build_structural_tag(name, loose, "required", parallel_tool_calls=False)
+    if wire_format(name).grammar.call_syntax == "pythonic":   # Python calls, keyword arguments
+        grammar = xgrammar.Grammar.from_structural_tag(tag)
+        assert _is_grammar_accept_string(grammar, "[t1()]")
+        for other in ('[t1("unit{")]', "[t2([1])]", '[{"name": "t1"}]'):
+            assert not _is_grammar_accept_string(grammar, other), other
+        return
     if wire_format(name).grammar.kind == "json_array":   # one grammar: the array of calls
         grammar = xgrammar.Grammar.from_structural_tag(tag)
         key = wire_format(name).grammar.arguments_key
@@ -355,7 +361,11 @@ def test_a_renamed_grammar_is_its_source_with_only_the_markup_renamed(name, mode
     assert "<tool_call>" not in json.dumps(ours) and "<seed:tool_call>" in json.dumps(ours)
 
 
-@pytest.mark.parametrize("name", [n for n in FORMATS if wire_format(n).grammar.kind == "json_array"])
+JSON_ARRAY_FORMATS = [n for n in FORMATS if wire_format(n).grammar.kind == "json_array"
+                      and wire_format(n).grammar.call_syntax == "json"]
+
+
+@pytest.mark.parametrize("name", JSON_ARRAY_FORMATS)
 @pytest.mark.parametrize("parallel", [True, False])
 def test_json_array_formats_have_no_structural_tag_and_vllms_array_envelope(name, parallel):
     """vLLM has no structural tag for these parsers; required mode is its JSON array of calls."""
@@ -363,7 +373,6 @@ def test_json_array_formats_have_no_structural_tag_and_vllms_array_envelope(name
     from vllm.tool_parsers import ToolParserManager
     from vllm.tool_parsers.utils import get_json_schema_from_tools
     assert ToolParserManager.get_tool_parser(name).structural_tag_model is None
-    assert build_structural_tag(name, allowed_functions(), "auto") is None
     tag = build_structural_tag(name, allowed_functions(), "required", parallel_tool_calls=parallel)
     assert tag.format.type == "grammar"   # the array's safe_json grammar (test below), of this schema:
     ours = call_array_schema(name, allowed_functions(), parallel_tool_calls=parallel)
@@ -383,7 +392,7 @@ def test_json_array_formats_have_no_structural_tag_and_vllms_array_envelope(name
         assert key == "arguments" and name == "mistral"   # _pre_v11_function_calls reads it
 
 
-@pytest.mark.parametrize("name", [n for n in FORMATS if wire_format(n).grammar.kind == "json_array"])
+@pytest.mark.parametrize("name", JSON_ARRAY_FORMATS)
 def test_json_array_strings_spell_no_marker_and_no_lone_surrogate(name):
     """The required array is xgrammar's JSON grammar of the schema through decode/safe_json.py, as
     every tag's JSON slots: a string cannot spell the format's markers (its parser takes one for

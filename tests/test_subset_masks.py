@@ -26,6 +26,7 @@ from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch  # noq
 from vllm_allowed_tools.decode.split import split_for_request, split_tags  # noqa: E402
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.decode.stage import read_extra_args  # noqa: E402
+from vllm_allowed_tools.formats import wire_format  # noqa: E402
 
 NAMES = ["get", "get_user", "get_users", "set", "search", "search_web", "run", "read", "read_file"]
 PIECES = ["<tool_call>", "</tool_call>", "<tool_call>\n", '{"', '"}', '": ', '", "', '"name"', "name",
@@ -104,7 +105,9 @@ def _pick(rng: random.Random, allowed: list[int], step: int) -> int:
 def _decode_both(turn) -> int:
     """Decode one answer with the whole grammar (row 0) and the split (row 1); returns the steps."""
     whole, split = _tags(turn)
-    if whole is None:
+    # a JSON-array format's auto turn (a dispatch or a trigger before the array) is not split
+    unsplit = wire_format(turn["format"]).grammar.kind == "json_array" and turn["mode"] == "auto"
+    if whole is None or unsplit:
         assert split is None
         return 0
     assert split is not None

@@ -33,6 +33,7 @@ from .argument_slots import (
     with_object_arguments,
 )
 from .argument_schemas import every_tool_held, held_to_schema
+from .call_lists import list_turn
 from .custom_inputs import marked, with_custom_inputs
 from .lru import LRU as _LRU
 from .marker_tokens import with_marker_tokens
@@ -91,6 +92,7 @@ class _Turn:
     parallel: bool
     strict_level: int
     max_whitespace: int | None
+    wire_format: str = ""
 
 
 def _arguments_schema(function: AllowedFunction, strict_level: int) -> Mapping[str, Any]:
@@ -158,9 +160,10 @@ def _vllm_builtin(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
                               turn.strict_level, turn.max_whitespace)
 
 
-def _call_array(spec: GrammarSpec, turn: _Turn) -> dict[str, Any]:
-    """The JSON schema of required mode's array of ``{"name", <arguments_key>}`` calls."""
-    key = spec.arguments_key
+def _call_array(spec: GrammarSpec, turn: _Turn, key: str | None = None) -> dict[str, Any]:
+    """The JSON schema of required mode's array of ``{"name", <arguments_key>}`` calls (``key``:
+    another arguments key, auto mode's)."""
+    key = key or spec.arguments_key
     calls = [{"type": "object", "properties": {
         "name": {"type": "string", "enum": [function.name]},
         key: _arguments_schema(function, turn.strict_level)},
@@ -175,9 +178,9 @@ def _json_array(spec: GrammarSpec, turn: _Turn) -> StructuralTag | None:
     """Required mode: a JSON array of ``{"name", <arguments_key>}`` calls (what vLLM's serving
     layer, or the format's parser, reads for these formats), as a JSON-schema node (made a
     :mod:`.safe_json` grammar node in :func:`build_structural_tag`, after custom inputs are
-    checked); auto mode has no trigger to hang a grammar on."""
-    if turn.mode == "auto":
-        return None
+    checked); pythonic calls and auto mode: :func:`.call_lists.list_turn`."""
+    if turn.mode == "auto" or spec.call_syntax != "json":
+        return list_turn(spec, turn, _arguments_schema, _call_array)
     return StructuralTag(format=JSONSchemaFormat(json_schema=_call_array(spec, turn),
                                                  max_whitespace_cnt=turn.max_whitespace))
 
@@ -230,12 +233,13 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
     held = held_to_schema(functions, every_tool=every_tool_held() if every_tool is None else every_tool)
     turn = _Turn(functions=marked(held), mode=mode, parallel=parallel_tool_calls,
                  strict_level=max(strict_level, STRICT_FUNCTION),   # the allowlist is a contract
-                 max_whitespace=None if max_whitespace is None else max(1, max_whitespace))  # xgrammar: >= 1
+                 max_whitespace=None if max_whitespace is None else max(1, max_whitespace),  # xgrammar: >= 1
+                 wire_format=wire_format(wire_format_name).name)
     tag = with_custom_inputs(_BUILDERS[spec.kind](spec, turn), held, wire_format(wire_format_name).name)
     if tag is None:
         return tag
     if spec.kind == "json_array":   # a JSON array's calls are typed above
-        return _safe_call_array(tag, wire_format_name)
+        return _safe_call_array(tag, wire_format_name) if tag.format.type == "json_schema" else tag
     tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line,
                                 markers=format_markers(wire_format_name))
     return with_marker_tokens(tag, dict(spec.marker_tokens))   # after: it reads ends as text

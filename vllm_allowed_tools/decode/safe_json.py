@@ -329,11 +329,12 @@ def string_markers(markers: Iterable[str]) -> tuple[str, ...]:
     return clean_markers(marker[:2] for marker in markers if marker[:1] in MARKUP_STARTS)
 
 
-def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
+def safe_json_ebnf(ebnf: str, markers: Sequence[str], exact: Sequence[str] = ()) -> str:
     """xgrammar's JSON EBNF ``ebnf`` (whole, or with XML around it) with ``basic_string_sub`` kept
-    from spelling ``markers`` (:func:`string_markers`: their first two characters) and surrogate
-    escapes paired, and ``basic_number`` / ``basic_integer`` bounded (the module docstring); a
-    grammar without these rules is returned as it is."""
+    from spelling ``markers`` (:func:`string_markers`: their first two characters) and ``exact``
+    (as they are: a parser that finds a string not starting with markup, xLAM's code fences) and
+    surrogate escapes paired, and ``basic_number`` / ``basic_integer`` bounded (the module
+    docstring); a grammar without these rules is returned as it is."""
     bodies = {match.group(1): match.group(2) for match in _RULE.finditer(ebnf)}
 
     def replace(rule: str, body: str, text: str) -> str:
@@ -345,8 +346,8 @@ def safe_json_ebnf(ebnf: str, markers: Sequence[str]) -> str:
         ebnf = re.sub(r"^basic_string_sub ::= .*\n?", "", ebnf, count=1, flags=re.MULTILINE)
         prefix = next(p for p in ("q", "qs_", "basic_string_sub_")
                       if not any(rule.startswith(p) for rule in bodies))
-        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(string_markers(markers), "basic_string_sub",
-                                                        lookahead, prefix)
+        kept_out = string_markers(markers) + tuple(exact)
+        ebnf = ebnf.rstrip("\n") + "\n" + string_rules(kept_out, "basic_string_sub", lookahead, prefix)
     if "basic_number" in bodies:
         ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
     if "basic_integer" in bodies:

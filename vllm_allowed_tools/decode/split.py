@@ -68,9 +68,10 @@ def split_tags(wire_format_name: str, catalog: Sequence[AllowedFunction],
     Both halves are cached like turn tags. A ``tags`` format's catalog grammar is always the auto,
     parallel shape (free text, any number of calls), so every mode of a catalog shares one compile:
     the envelope carries the mode and ``parallel_tool_calls``."""
-    kind = wire_format(wire_format_name).grammar.kind
-    if kind not in SPLIT_KINDS:
-        return None
+    spec = wire_format(wire_format_name).grammar
+    kind = spec.kind
+    if kind not in SPLIT_KINDS or (kind == "json_array" and (mode == "auto" or spec.call_syntax != "json")):
+        return None   # a list's auto dispatch, or calls whose free arguments are no keywords
     catalog_mode, catalog_parallel = ("auto", True) if kind == "tags" else (mode, parallel_tool_calls)
     catalog_tag = turn_tag(wire_format_name, catalog, catalog_digest=catalog_digest,
                            allowlist_digest=_CATALOG_KEY, mode=catalog_mode,

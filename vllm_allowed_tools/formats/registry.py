@@ -59,6 +59,22 @@ class GrammarSpec:
     #: tokens, ids of its fixed vocabulary): the grammar admits each only as that one token, never
     #: spelled in pieces (:mod:`vllm_allowed_tools.decode.marker_tokens`)
     marker_tokens: tuple[tuple[str, int], ...] = ()
+    #: ``json_array``: how a call is spelled, ``json`` (``{"name", <arguments_key>}`` objects) or
+    #: ``pythonic`` (``[get_weather(city="Paris")]``, in required mode too)
+    call_syntax: Literal["json", "pythonic"] = "json"
+    #: ``json_array``, auto mode: the markers after which the parser reads an array of calls (free
+    #: text before them); the key of a call's arguments there
+    auto_triggers: tuple[str, ...] = ()
+    auto_arguments_key: str = "arguments"
+    #: ``json_array``, auto mode without triggers: the calls only at the message's start (the
+    #: parser reads a whole output that is a call list), or text whose first character is none of
+    #: ``auto_text_first_excluded`` (empty: no auto grammar) and which holds none of
+    #: ``auto_text_excludes``
+    auto_text_first_excluded: str = ""
+    auto_text_excludes: tuple[str, ...] = ()
+    #: ``json_array``: texts a JSON string inside the calls may not spell as they are (a parser
+    #: that finds them in the raw output although they start with no markup: xLAM's code fences)
+    string_excludes: tuple[str, ...] = ()
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
 
@@ -152,6 +168,9 @@ def format_from_data(data: Mapping[str, Any], source: str = "data") -> WireForma
         calls = tuple(CallShape(call["begin"], call["end"]) for call in grammar.pop("calls", ()))
         rename = tuple((old, new) for old, new in grammar.pop("rename", ()))
         markers = tuple((marker, int(token)) for marker, token in grammar.pop("marker_tokens", ()))
+        for key in ("auto_triggers", "auto_text_excludes", "string_excludes"):
+            if key in grammar:
+                grammar[key] = tuple(grammar[key])
         return WireFormat(name=data["name"], base_parser_class=data["base_parser_class"],
                           template=data["template"], policy_block_marker=data["policy_block_marker"],
                           call_triggers=tuple(data["call_triggers"]),

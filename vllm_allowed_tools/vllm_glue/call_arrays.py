@@ -18,6 +18,7 @@ from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 from ..decode.grammar import call_array_schema
 from ..decode.stage import STAGE_LOGITS_PROCESSOR
 from ..errors import CapabilityError
+from ..formats import wire_format
 from ..request.rewrite import WireAllowlist
 from .capabilities import active_constraint_stage, json_schema_stays_native
 from .turn_grammar import allowed_functions, request_subset_tag
@@ -45,7 +46,8 @@ def required_array_grammar(parser: str, request, allowlist: WireAllowlist) -> St
         raise CapabilityError(f"the {parser!r} format produced no grammar for a required turn",
                               capability="structural_tag", status=500)
     schema = None
-    if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
+    if active_constraint_stage() == STAGE_LOGITS_PROCESSOR and \
+            wire_format(parser).grammar.call_syntax == "json":   # pythonic calls are no JSON
         schema = call_array_schema(parser, allowed_functions(request, allowlist),
                                    parallel_tool_calls=allowlist.parallel_tool_calls)
     if schema is not None and json_schema_stays_native(schema):
@@ -53,6 +55,21 @@ def required_array_grammar(parser: str, request, allowlist: WireAllowlist) -> St
         # its strings may then spell a marker or a lone surrogate (docs/decode-path.md)
         return StructuredOutputsParams(json=schema)
     return StructuredOutputsParams(structural_tag=tag.json)   # the array as a safe_json grammar node
+
+
+def auto_list_grammar(parser: str, request, allowlist: WireAllowlist) -> StructuredOutputsParams | None:
+    """The structured outputs of an auto turn of JSON-array format ``parser``: free text, and
+    after its trigger (or at the message's start) only allowed calls (decode/call_lists.py);
+    None for a format without one (the output guard holds it)."""
+    tag = request_subset_tag(parser, request, allowlist, ToolStrictLevel.FUNCTION)
+    if tag is None:
+        return None
+    if request.extract_structured_outputs() is not None:
+        raise CapabilityError(
+            "allowed_tools in auto mode together with a response format is not supported on the "
+            f"{parser!r} format (its calls and the format's JSON would be one grammar); drop the "
+            "response format", capability="structural_tag+response_format")
+    return StructuredOutputsParams(structural_tag=tag.json)
 
 
 def without_client_formats(request):
