@@ -9,11 +9,17 @@ built as if it were ``strict``, as vLLM's ``--tool-strict-level parameter`` does
 cannot compile keeps the arguments an object (said once in the log) instead of failing the turn.
 
 A non-strict tool is held to its schema's structure (keys, types, enums, required keys, nesting),
-not to its string lengths: ``maxLength`` / ``minLength`` are what makes xgrammar's compile slow at a
-large vocabulary (32 MCP-shaped tools at 150K tokens: 30 s with them, 3 s without, 0.2 s for
-objects only; ``benchmarks/argument_schemas_cost.py``), and a tool that is not ``strict`` promised
-no bound. A ``strict`` tool keeps every keyword. Only the grammar changes: the output guard still
-refuses only what ``strict`` promises. No vLLM imports.
+not to its string lengths. String lengths (``maxLength`` / ``minLength``) are left out of every
+tool's grammar, ``strict`` or not, while the installed xgrammar compiles them slowly: 0.2.8 (vLLM
+0.32's pin) compiles a bounded repeat of a string's characters for 10-33 s at a 150K vocabulary
+whatever the bound (a Slack message's 40,000 or a query's 400; 0.9 s for a bound of 20), where the
+string without its bound takes milliseconds and 0.2.9 takes 40 ms with it
+(``benchmarks/compile_cliff.py``). A ``strict`` tool's lengths are then held by the output guard,
+which re-validates every final call against the client's full schema and refuses one past a bound
+(a ``strict`` call that breaks its schema never leaves the server); a non-strict tool promised no
+bound, and its lengths are never held. With xgrammar 0.2.9 or newer a ``strict`` tool keeps every
+keyword in its grammar. Only the grammar changes: the guard reads the client's own tools. No vLLM
+imports.
 """
 
 from __future__ import annotations
@@ -75,7 +81,7 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SCHEMA_ONES = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
                 "propertyNames", "additionalItems", "unevaluatedProperties", "unevaluatedItems")
-#: what a non-strict tool is not held to (see the module docstring)
+#: what the grammar leaves to the guard, or out (see the module docstring)
 _UNHELD = ("maxLength", "minLength")
 
 
@@ -101,26 +107,56 @@ def held_schema(schema: Any) -> Any:
     return held
 
 
+def lengths_compile_fast() -> bool:
+    """Whether the installed xgrammar compiles a string's ``maxLength`` / ``minLength`` without
+    the cliff (0.2.9 and newer; see the module docstring)."""
+    global _FAST_LENGTHS
+    if _FAST_LENGTHS is None:
+        _FAST_LENGTHS = _version_at_least(_installed_xgrammar(), (0, 2, 9))
+    return _FAST_LENGTHS
+
+
+_FAST_LENGTHS: bool | None = None
+
+
+def _installed_xgrammar() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("xgrammar")
+    except PackageNotFoundError:   # pragma: no cover - xgrammar is a dependency
+        return "0"
+
+
+def _version_at_least(text: str, floor: tuple[int, ...]) -> bool:
+    """``text`` (``0.2.10``, ``0.2.9rc1``, ``0.3.0.dev2``) read as numbers, compared to ``floor``."""
+    parts = [int(match.group()) for match in (re.match(r"\d+", piece) for piece in text.split(".")[:3])
+             if match]
+    return tuple(parts) >= floor
+
+
 def held_to_schema(functions: Sequence[Function], *, every_tool: bool,
                    name=lambda f: f.name, parameters=lambda f: f.parameters,
                    strict=lambda f: f.strict, pinned=None) -> list[Function]:
-    """``functions`` with each non-strict one whose schema compiles marked ``strict``, its schema
-    :func:`held_schema`'s (its arguments then follow it in every builder), when ``every_tool``;
-    unchanged otherwise. A schema that does not compile is logged (once) and left an object. The
-    accessors (``pinned(function, schema)`` makes the held copy) let vLLM's tool objects go
-    through the same rule as :class:`.grammar.AllowedFunction`."""
-    if not every_tool:
-        return list(functions)
-    pin = pinned or (lambda f, schema: dataclasses.replace(f, parameters=schema, strict=True))
+    """``functions`` as the grammar should see them: with ``every_tool``, each non-strict one whose
+    schema compiles marked ``strict``, its schema :func:`held_schema`'s (its arguments then follow
+    it in every builder; one that does not compile is logged once and left an object); and every
+    other schema without its string lengths while they compile slowly
+    (:func:`lengths_compile_fast`), its ``strict`` flag kept. The accessors
+    (``pinned(function, schema, strict)`` makes the held copy) let vLLM's tool objects go through
+    the same rule as :class:`.grammar.AllowedFunction`."""
+    pin = pinned or (lambda f, schema, strict: dataclasses.replace(f, parameters=schema, strict=strict))
+    lengths_held = lengths_compile_fast()
     held = []
     for function in functions:
-        if strict(function) is True:
-            held.append(function)
+        if strict(function) is True or not every_tool:
+            schema = parameters(function)
+            lengthless = schema if lengths_held else held_schema(schema)
+            held.append(function if lengthless == schema else pin(function, lengthless, strict(function)))
             continue
         schema = held_schema(parameters(function))
         problem = schema_problem(schema)
         if problem is None:
-            held.append(pin(function, schema))
+            held.append(pin(function, schema, True))
         else:
             _log_once(name(function), problem)
             held.append(function)
