@@ -19,7 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 _DEPTH = 12              # nested schemas deeper than this count as an empty object
-_XML_MARKUP = 24         # characters of markup around one XML-style argument (a generous stand-in)
+#: markup an XML argument style's grammar spells (qwen, minimax, glm): not JSON arguments
+_XML_KEYS = ("<parameter", "<arg_key>", "<arg_value>")
+_XML_MARKUP = 32         # characters of markup around one XML-style argument (a generous stand-in)
 
 
 def minimal_json(schema: Any, defs: Mapping[str, Any] | None = None, depth: int = 0) -> Any:
@@ -122,7 +124,11 @@ def shortest_pieces(node: Any, schemas: Mapping[str, Any] | None = None, name: s
     if kind == "json_schema" or kind == "qwen_xml_parameter":
         return [_arguments_text(node)]
     if kind == "grammar":   # an argument slot compiled to EBNF: the function's smallest arguments
-        return [json.dumps(minimal_json(schemas[name]), separators=(",", ":"))] if name in schemas else []
+        if name not in schemas:
+            return []
+        ebnf = str(node.get("grammar", ""))
+        style = "xml" if any(markup in ebnf for markup in _XML_KEYS) else "json"
+        return [_arguments_text({"json_schema": schemas[name], "style": style})]
     if kind == "sequence":
         return [piece for element in node.get("elements", ()) for piece in inner(element)]
     if kind in ("or", "dispatch", "token_dispatch"):
@@ -140,10 +146,11 @@ def shortest_pieces(node: Any, schemas: Mapping[str, Any] | None = None, name: s
         return inner(node.get("content"))
     if kind == "repeat":
         return inner(node.get("content")) * max(0, int(node.get("min", 0)))
+    if kind == "regex":   # sized as one character (a call id's digits, a name's first letter)
+        return ["0"] if node.get("pattern") else []
     if kind == "exclude_token":
         return [0]   # one token
-    # any_text, any_tokens, optional, star, regex: may be empty (a regex slot is counted as
-    # nothing; the margin covers a short one)
+    # any_text, any_tokens, optional, star: may be empty
     return []
 
 
