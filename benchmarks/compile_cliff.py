@@ -225,7 +225,8 @@ def other_xgrammar(path: str, samples: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10)
-    parser.add_argument("--cliff-samples", type=int, default=1, help="samples with lengths in an 0.2.8 grammar")
+    parser.add_argument("--cliff-samples", type=int, default=1,
+                        help="samples with lengths in an 0.2.8 grammar")
     parser.add_argument("--forms", action="store_true")
     parser.add_argument("--xgrammar-path")
     parser.add_argument("--native-lengths-only", action="store_true", help=argparse.SUPPRESS)
@@ -237,9 +238,11 @@ def main() -> int:
         whole, _ = _tags(catalog(), True, "other")
         median, _ = _timed(lambda: xgr.GrammarCompiler(info, max_threads=8, cache_enabled=True)
                            .compile_structural_tag(whole.json), args.samples)
-        print(json.dumps({"xgrammar": argument_schemas._installed_xgrammar(), "native stage, first-seen catalog": median}))
+        print(json.dumps({"xgrammar": argument_schemas._installed_xgrammar(),
+                          "native stage, first-seen catalog": median}))
         return 0
-    result: dict[str, Any] = {"xgrammar": argument_schemas._installed_xgrammar(), "vocabulary": 150_000, "samples": args.samples}
+    result: dict[str, Any] = {"xgrammar": argument_schemas._installed_xgrammar(), "vocabulary": 150_000,
+                              "samples": args.samples}
     if args.forms:
         result["forms ms"] = forms(info)
     result["lengths left to the guard ms"] = xgrammar_arms(info, False, args.samples)

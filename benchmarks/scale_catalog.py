@@ -13,7 +13,14 @@ For each catalog size, side by side in one run:
 * first-seen subset: 4 allowed tools never seen before, catalog compiled: from the turn's
   functions to the row's matchers with the split (tag build, admission digest, envelope compile),
   and the subset's own grammar compiled with xgrammar's cache warm (what vLLM's native stage
-  compiles for it).
+  compiles for it);
+* new maxLength subset: 4 tools whose schemas hold string lengths (Slack's 40,000-character text,
+  a search query's 400, a ticket summary's 255, an issue title's ``minLength``; the 8-tool catalog
+  has only the last) as a first-seen catalog's first request, its own grammar through a fresh
+  compiler (nothing compiled before), matcher made: what the native stage, and the
+  logits-processor stage before the catalog is ready, compile on the request's path
+  (``decode/argument_schemas.py`` leaves the lengths to the guard while xgrammar compiles them
+  slowly; ``benchmarks/compile_cliff.py`` sets the options side by side).
 
 The last columns are the slope of a least-squares line through the sizes: the cost of each added
 tool. Nothing is asserted: docs/benchmarks.md records a run.
@@ -112,10 +119,24 @@ def bench_grammars(functions: list[AllowedFunction], info: Any, subsets: int, rn
         xgr.GrammarMatcher(native.compile_structural_tag(
             turn_tag("hermes", allowed, allowlist_digest=digest + "-native", **common).json))
         native_samples.append(time.perf_counter() - start)
+    lengths = _with_lengths(functions)[:ALLOWED]
+    start = time.perf_counter()       # a fresh compiler: nothing of these schemas compiled before
+    xgr.GrammarMatcher(xgr.GrammarCompiler(info, max_threads=8, cache_enabled=True).compile_structural_tag(
+        turn_tag("hermes", lengths, allowlist_digest=f"lengths-{rng.random()}", **common).json))
+    lengths_s = time.perf_counter() - start
     return {f"catalog compile {tag} ms": compile_s * 1e3,
+            f"new maxLength subset {tag} ms": lengths_s * 1e3,
             f"new subset, split {tag} ms": _median_ms(split_samples[1:]),
             f"new subset, own grammar {tag} ms": _median_ms(native_samples[1:]),
             "catalog tag build ms": build_s * 1e3, "catalog tag KB": len(halves.catalog.json) / 1024}
+
+
+def _with_lengths(functions: list[AllowedFunction]) -> list[AllowedFunction]:
+    """The catalog's tools whose schemas hold a string ``maxLength`` / ``minLength`` first."""
+    def bounded(function: AllowedFunction) -> bool:
+        text = json.dumps(function.parameters)
+        return "maxLength" in text or "minLength" in text
+    return sorted(functions, key=lambda function: not bounded(function))
 
 
 def _slope(points: list[tuple[int, float]]) -> float:

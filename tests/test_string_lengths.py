@@ -62,7 +62,8 @@ def test_the_installed_xgrammar_decides():
     argument_schemas._FAST_LENGTHS = None
     try:
         installed = argument_schemas._installed_xgrammar()
-        assert argument_schemas.lengths_compile_fast() is argument_schemas._version_at_least(installed, (0, 2, 9))
+        expected = argument_schemas._version_at_least(installed, (0, 2, 9))
+        assert argument_schemas.lengths_compile_fast() is expected
     finally:
         argument_schemas._FAST_LENGTHS = None
 
