@@ -23,6 +23,9 @@ from typing import Any
 
 #: the attribute on vLLM's HarmonyContext holding how the last generation ended
 _END = "_vllm_allowed_tools_end"
+#: o200k_harmony's stop tokens other than ``<|call|>``: ``<|return|>``, ``<|endoftext|>`` (a
+#: server-side turn's generation stops at one of them right after its call's ``<|call|>``)
+AFTER_A_CALL = frozenset({200002, 199999})
 
 
 def call_token() -> int:
@@ -32,11 +35,13 @@ def call_token() -> int:
 
 
 def note_end(context: Any, output: Any) -> None:
-    """After ``append_output``: the finish reason and the last token of a finished generation."""
+    """After ``append_output``: the finish reason and the last token that is not a stop token
+    (``<|call|>`` when a call ended as harmony ends one) of a finished generation."""
     completions = getattr(output, "outputs", None) or []
-    ids = list(getattr(completions[0], "token_ids", None) or ()) if completions else []
+    ids = [t for t in (getattr(completions[0], "token_ids", None) or ()) if t not in AFTER_A_CALL] \
+        if completions else []
     previous = getattr(context, _END, None) or {}
-    last = ids[-1] if ids else previous.get("last")
+    last = ids[-1] if ids else (None if previous.get("finished", True) else previous.get("last"))
     if not getattr(output, "finished", False):
         setattr(context, _END, {"last": last, "finished": False})
         return
@@ -54,10 +59,9 @@ def incomplete_reason(context: Any, message: Any, arguments: str) -> tuple[str, 
     end = getattr(context, _END, None)
     if end is None or not end.get("finished"):
         return "cut_off", "the call did not finish"
-    if end.get("finish_reason") == "length":
-        return "cut_off", "the call was cut off by the token limit (max_output_tokens)"
-    token = call_token()
-    if end.get("flushed") or (end.get("stop_reason") != token and end.get("last") != token):
+    if end.get("flushed") or end.get("last") != call_token():
+        if end.get("finish_reason") == "length":
+            return "cut_off", "the call was cut off by the token limit (max_output_tokens)"
         return "not_called", "the call did not end with harmony's <|call|>"
     recipient = getattr(message, "recipient", "") or ""
     if recipient.startswith("python"):
@@ -73,8 +77,8 @@ def incomplete_reason(context: Any, message: Any, arguments: str) -> tuple[str, 
 
 @contextlib.contextmanager
 def watching_errors(context: Any, builtin: str) -> Iterator[list[Any]]:
-    """While vLLM runs one call: the replies of the built-in's MCP session (``isError`` set when
-    the tool answered with an error), collected into the yielded list."""
+    """While vLLM runs one call: the replies of the built-in's MCP session (:func:`tool_error`
+    when the tool answered with an error), collected into the yielded list."""
     replies: list[Any] = []
     session = (getattr(context, "_tool_sessions", None) or {}).get(builtin)
     original = getattr(session, "call_tool", None)
@@ -96,6 +100,12 @@ def watching_errors(context: Any, builtin: str) -> Iterator[list[Any]]:
             session.call_tool = original
         else:
             del session.call_tool
+
+
+def tool_error(reply: Any) -> bool:
+    """Whether an MCP ``CallToolResult`` is the tool's error (``is_error``; ``isError`` before the
+    mcp package's 2.x)."""
+    return bool(getattr(reply, "is_error", None) or getattr(reply, "isError", None))
 
 
 def failure_text(exc: BaseException) -> str:

@@ -4,9 +4,13 @@ the tool answers), so tests assert on what really ran.
 
     python -m vllm_allowed_tools.testing.mcp_server --port 8931 --log /tmp/exec.log [--name container]
 
-Named ``python``: one tool ``python`` (``code``), as vLLM's python built-in calls it. Otherwise:
-``exec`` and ``ls`` (``cmd``: ``"ls"``, ``"pwd"`` or ``"date"``, so a random model's
-arguments are always complete), and ``slow`` (waits ``--slow-seconds`` after logging, for the disconnect tests).
+Named ``python``: one tool ``python`` (``code``), as vLLM's python built-in calls it. Named
+``browser``: ``search``, ``open`` and ``find``, as vLLM's browser built-in calls them (each a choice
+of a few words). Otherwise: ``exec`` and ``ls`` (``cmd``: ``"ls"``, ``"pwd"`` or ``"date"``, so a
+random model's arguments are always complete), ``slow`` (waits ``--slow-seconds`` after logging,
+for the disconnect tests), ``fail`` (logs, then raises: the tool's own error), ``crash`` (logs,
+then the server process exits: the server gone while a call runs) and ``note`` (``text``: a free
+string, which a random model does not close).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Literal
 
 #: a command is one of a few words, so a random model's arguments are always complete
 Cmd = Literal["ls", "pwd", "date"]
+Query = Literal["weather", "news", "vllm"]
 
 
 def _logger(path: str):
@@ -37,6 +42,20 @@ def build(name: str, log_path: str, slow_seconds: float = 3.0):
     from mcp.server.mcpserver import MCPServer
     server = MCPServer(name, instructions=f"A test {name}: every run is logged.")
     log = _logger(log_path)
+    if name == "browser":   # what vLLM's browser built-in calls: browser.search / open / find
+        @server.tool(name="search", description="Search the web.")
+        def search(query: Query) -> str:
+            return log("search", query)
+
+        @server.tool(name="open", description="Open a search result.")
+        def open_(id: Cmd) -> str:   # noqa: A002 - the browser tool's own parameter name
+            return log("open", id)
+
+        @server.tool(name="find", description="Find a pattern in the open page.")
+        def find(pattern: Cmd) -> str:
+            return log("find", pattern)
+        return server
+
     if name == "python":   # what vLLM's python built-in calls: the tool "python" with {"code"}
         @server.tool(name="python", description="Run Python code.")
         def python(code: str) -> str:
@@ -56,6 +75,20 @@ def build(name: str, log_path: str, slow_seconds: float = 3.0):
         text = log("slow", cmd)
         await asyncio.sleep(slow_seconds)
         return text
+
+    @server.tool(name="fail", description="Run a command that fails.")
+    def fail(cmd: Cmd) -> str:
+        log("fail", cmd)
+        raise RuntimeError(f"fail refused to run {cmd!r}")
+
+    @server.tool(name="crash", description="Run a command on a server that goes away.")
+    def crash(cmd: Cmd) -> str:
+        log("crash", cmd)
+        os._exit(3)
+
+    @server.tool(name="note", description="Write a note.")
+    def note(text: str) -> str:
+        return log("note", text)
 
     return server
 

@@ -12,10 +12,14 @@ no such tool, and says so).
 
 **A call ends with ``<|call|>``.** A server-side turn's grammar names ``<|call|>`` as the token that
 ends each call (:mod:`..decode.server_tools`). xgrammar admits a stop token only where the grammar
-has ended, so the grammar's matcher must not count it as a stop token; vLLM compiles the grammar with
-``SamplingParams.all_stop_token_ids``, filled by ``update_from_generation_config`` (on the copy of
-the parameters each generation makes), and stops generation on ``stop_token_ids``, which keeps it.
-The wrap takes the grammar's own tokens out of the former.
+has ended, so a grammar that must write one cannot have it among its stop tokens; vLLM compiles the
+grammar with ``SamplingParams.all_stop_token_ids``, which the engine rebuilds from
+``stop_token_ids`` when it receives the parameters. So the wrap takes the grammar's own tokens out
+of both (after ``update_from_generation_config`` merged the model's end tokens in, on the copy of
+the parameters each generation makes): such a generation writes ``<|call|>`` as the call's last
+token and stops at the stop token the grammar admits after it (``<|return|>``), which vLLM's
+harmony parser passes over. The hook then reads the call as complete by its last token that is not
+a stop token (:mod:`..server_tools.runs`).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def _grammar_stop_tokens(update: Any) -> Any:
             kept = stop_tokens_for_grammar(self._all_stop_token_ids, grammar)
             if kept != self._all_stop_token_ids:
                 self._all_stop_token_ids = kept
+                self.stop_token_ids = [t for t in self.stop_token_ids or () if t in kept]
         return result
     return update_from_generation_config
 

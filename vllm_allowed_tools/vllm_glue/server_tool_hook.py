@@ -29,7 +29,13 @@ from typing import Any
 from ..metrics import record_server_tool_failure
 from ..server_tools.turn import HookStatus, ServerTurn, registered, set_hook_status
 from . import harmony_tools
-from ..server_tools.runs import failure_text, incomplete_reason, note_end, watching_errors
+from ..server_tools.runs import (
+    failure_text,
+    incomplete_reason,
+    note_end,
+    tool_error,
+    watching_errors,
+)
 
 logger = logging.getLogger("vllm.allowed_tools.server_tools")  # under vLLM's logger
 
@@ -215,7 +221,7 @@ def _backstopped(call: Any) -> Any:
                            text)
             _relax_after_a_call(turn)
             return _refusal_messages(message, text)
-        if any(getattr(reply, "isError", False) for reply in replies):
+        if any(tool_error(reply) for reply in replies):
             turn.record(decision, None, _output_text(output) or "the tool answered with an error")
             record_server_tool_failure("tool_error")
         else:
