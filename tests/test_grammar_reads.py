@@ -66,7 +66,7 @@ from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_
 from vllm_allowed_tools.formats import wire_format, wire_formats
 from vllm_allowed_tools.testing.calls import chat_selection
 from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS
-from vllm_allowed_tools.testing.grammar_read import WrittenCall, read_calls, xml_parameters
+from vllm_allowed_tools.testing.grammar_read import WrittenCall, python_calls, read_calls, xml_parameters
 from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens, marker_texts
 
 WALKS = int(os.environ.get("VLLM_ALLOWED_TOOLS_WALKS", "100"))
@@ -220,7 +220,12 @@ def xml_value(family: str, raw: str, prop: Any, strict: bool) -> Any:
 
 
 def written(setup: Setup, text: str) -> tuple[str, Any]:
-    """(name, arguments) the walk wrote: exactly one call, as the tag reads it."""
+    """(name, arguments) the walk wrote: exactly one call, as the tag reads it (Python calls, as
+    ``ast`` reads them: the tag is one grammar node of them)."""
+    if wire_format(setup.family).grammar.call_syntax == "pythonic":
+        listed = python_calls(text)
+        assert len(listed) == 1, f"the grammar admitted {len(listed)} calls in {text!r}"
+        return listed[0]
     calls = read_calls(setup.tag, text, ARGUMENT_SCHEMAS)
     assert len(calls) == 1, f"the grammar admitted {len(calls)} calls in {text!r}: {calls}"
     call: WrittenCall = calls[0]

@@ -347,3 +347,14 @@ def xml_parameters(text: str, style: str, schema: Any = None) -> list[tuple[str,
     """The ``(key, raw value)`` pairs of an XML argument text (:attr:`WrittenCall.arguments`;
     ``schema``: its ``json_schema``, for the parameters whose values are JSON objects)."""
     return [(key, raw) for key, raw, _ in xml_parameters_at(text, 0, style, schema)]
+
+
+def python_calls(text: str) -> list[tuple[str, Any]]:
+    """(name, keyword arguments) of each call in a pythonic call list, read with ``ast`` (each
+    value a literal: ``ast.literal_eval``), not by any tool parser."""
+    import ast
+    tree = ast.parse(text, mode="eval").body
+    if not isinstance(tree, ast.List) or not all(isinstance(item, ast.Call) for item in tree.elts):
+        raise ValueError(f"not a list of calls: {text!r}")
+    return [(item.func.id, {keyword.arg: ast.literal_eval(keyword.value) for keyword in item.keywords})
+            for item in tree.elts if isinstance(item.func, ast.Name)]

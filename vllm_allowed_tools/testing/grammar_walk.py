@@ -265,14 +265,19 @@ class GrammarWalker:
         return rng.choices(candidates, weights)[0]
 
     def walk_tokens(self, rng: random.Random, *, policy: WalkPolicy | None = None, pieces: bool = True,
-                    markup_in_text: bool = True, max_tokens: int = 600, tries: int = 20) -> tuple[str, ...]:
-        """One walk: the tokens written (without the end-of-sequence token). Each try draws its own
-        policy (unless ``policy`` is given; ``pieces`` and ``markup_in_text`` go to the drawn one);
-        a try longer than ``max_tokens`` is dropped."""
+                    markup_in_text: bool = True, max_tokens: int = 600, tries: int = 20,
+                    prefix: Sequence[str] = ()) -> tuple[str, ...]:
+        """One walk: the tokens written (without the end-of-sequence token), starting with the
+        tokens of ``prefix`` (which the grammar must admit). Each try draws its own policy (unless
+        ``policy`` is given; ``pieces`` and ``markup_in_text`` go to the drawn one); a try longer
+        than ``max_tokens`` is dropped."""
         for _ in range(tries):
             chosen = policy or WalkPolicy.random(rng, pieces=pieces, markup_in_text=markup_in_text)
             matcher = xgrammar.GrammarMatcher(self.compiled)
-            written: list[str] = []
+            for token in prefix:
+                if not matcher.accept_token(self.index[token]):
+                    raise WalkError(f"the grammar does not start with {''.join(prefix)!r}")
+            written: list[str] = list(prefix)
             while len(written) <= max_tokens:
                 allowed = self._allowed(matcher)
                 if not allowed:

@@ -12,6 +12,7 @@ text it releases as content and for its state, but its tool-call deltas are drop
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from os.path import commonprefix
@@ -45,6 +46,8 @@ class UnaryStream:
     #: the end of the longest prefix already read: a call end seen again sends no second read
     read_upto: int = 0
     released: list[tuple[str, str]] = field(default_factory=list)
+    #: the next :meth:`new_calls` reads a prefix (from :meth:`feed`), not the whole text
+    prefix_read: bool = False
 
     def feed(self, delta_text: str) -> str | None:
         """Add ``delta_text``; the text up to the last call end when this delta may have
@@ -57,15 +60,18 @@ class UnaryStream:
         if upto <= self.read_upto:
             return None
         self.read_upto = upto
+        self.prefix_read = True
         return self.text[:upto]
 
     def new_calls(self, tool_calls: Sequence[Any]) -> list[DeltaToolCall]:
         """Deltas for the calls of a unary parse not released yet, each whole (name, arguments,
         id) at its parse index; an earlier call that now reads differently cannot be taken back
         (a call end inside a value, where the unary parse misreads too): it is logged."""
-        deltas = []
+        deltas, prefix, self.prefix_read = [], self.prefix_read, False
         for index, call in enumerate(tool_calls):
             read = (call.function.name, call.function.arguments)
+            if prefix and index >= len(self.released) and not _json_text(read[1]):
+                break   # a lenient parser's read of a call cut at a call end inside a string
             if index < len(self.released):
                 if read != self.released[index]:
                     logger.warning("vllm-allowed-tools: streamed call %d was released as %r, the "
@@ -75,6 +81,14 @@ class UnaryStream:
             deltas.append(DeltaToolCall(index=index, id=call.id, type="function",
                                         function=DeltaFunctionCall(name=read[0], arguments=read[1])))
         return deltas
+
+
+def _json_text(text: str | None) -> bool:
+    try:
+        json.loads(text or "")
+    except ValueError:
+        return False
+    return True
 
 
 def with_calls(delta: DeltaMessage | None, calls: list[DeltaToolCall]) -> DeltaMessage | None:
