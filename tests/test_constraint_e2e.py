@@ -207,3 +207,47 @@ def test_offline_llm_is_constrained_through_extra_args():
         assert POOL_BY_NAME[call["name"]].arguments_valid(call["arguments"]), text
         assert output.outputs[0].finish_reason == "stop", text
     assert not any(out.outputs[0].text.lstrip().startswith("<tool_call>") for out in plain)
+
+
+#: strict MCP-shaped tools with string lengths: Slack's 40,000-character message (a channel
+#: pattern beside it), and a code of at most 3 characters
+_SLACK = {"type": "function", "function": {"name": "post_message", "strict": True, "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["channel_id", "text"],
+    "properties": {"channel_id": {"type": "string", "pattern": "^C[0-9]{2}$"},
+                   "text": {"type": "string", "maxLength": 40000}}}}}
+_CODE = {"type": "function", "function": {"name": "set_code", "strict": True, "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["code"],
+    "properties": {"code": {"type": "string", "minLength": 1, "maxLength": 3}}}}}
+
+
+def test_strict_string_lengths_are_served_and_held(stage_happy_server):
+    """A strict tool holding ``maxLength`` 40,000 is served at once and its calls match the full
+    schema; a strict call past its bound never leaves the server: each answer is a valid call or
+    the guard's ``strict_arguments_invalid`` refusal (tests/test_string_lengths.py: the grammar
+    leaves lengths to the guard while xgrammar compiles them slowly)."""
+    import time
+
+    import jsonschema
+    import openai
+    client = stage_happy_server.client()
+    outcomes = {"call": 0, "refused": 0}
+    for seed in range(3):
+        for tool in (_SLACK, _CODE):
+            name = tool["function"]["name"]
+            started = time.monotonic()
+            try:
+                message = client.chat.completions.create(
+                    model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
+                    tools=[_SLACK, _CODE], tool_choice=chat_selection("required", [name]),
+                    max_tokens=120, temperature=1.0, seed=seed).choices[0].message
+            except openai.APIStatusError as error:
+                assert "strict_arguments_invalid" in str(error.body), error.body
+                assert name == "set_code", (seed, error.body)   # the Slack schema's bounds are loose
+                outcomes["refused"] += 1
+                continue
+            assert time.monotonic() - started < 60
+            assert [call.function.name for call in message.tool_calls or []] == [name], message
+            jsonschema.validate(json.loads(message.tool_calls[0].function.arguments),
+                                tool["function"]["parameters"])
+            outcomes["call"] += 1
+    assert sum(outcomes.values()) == 6 and outcomes["call"] >= 3, outcomes
