@@ -17,9 +17,9 @@ import random
 
 import httpx
 import pytest
-from conftest import start_cli_server, stop_cli_server
+from conftest import load_script, start_cli_server, stop_cli_server
 
-from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
+from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls, responses_selection
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tiny_model import ensure_model
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
@@ -318,3 +318,32 @@ def test_a_violation_after_reasoning_ends_the_chat_stream_after_its_reasoning(fa
     reasoning = "".join(c["choices"][0]["delta"].get("reasoning") or "" for c in chunks if c.get("choices"))
     assert reasoning.strip(), chunks
     assert forbidden not in "".join(lines[:-2])   # before the error chunk
+
+
+# ------------------------------------------------------------------- required never ends in reasoning
+
+#: conversations (benchmarks/reasoning_required.py: two required turns each) whose turns ended inside
+#: their reasoning on both stages before rows that must call were held (seed 4's second turn on Chat
+#: unary, 15's second on Responses streamed, 23's first on Responses streamed), and three more
+REPRODUCING = (4, 15, 23)
+
+
+def test_a_required_turn_never_ends_inside_its_reasoning(thinking_server):
+    bench = load_script("benchmarks", "reasoning_required")
+    outcomes = [(label, bench.outcome(turn, allowed))
+                for seed in (*REPRODUCING, 40, 41, 42)
+                for label, turn, allowed in bench.play(thinking_server.base_url, seed, 120)]
+    assert len(outcomes) >= 10 and all(kind == "call" for _, kind in outcomes), outcomes
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_reasoning_is_cut_so_the_call_fits_a_small_budget(thinking_server, api):
+    """``</think>`` pushed out of reach (logit_bias -100): the model would reason to the token limit
+    and end without a call; the row is made to end its reasoning while the budget holds the call."""
+    client, end = thinking_server.client(), "655"   # the thinking tokenizer's </think>
+    catalog, allowed = _catalog_and_subset(7)
+    fetch = chat_calls if api == "chat" else responses_calls
+    for stream in (False, True):
+        reply = fetch(client, catalog, "required", allowed, 7, stream=stream, max_tokens=70,
+                      extra_body={"logit_bias": {end: -100}})
+        assert len(reply.calls) == 1 and reply.calls[0][0] in allowed, (stream, reply)
