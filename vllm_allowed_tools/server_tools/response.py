@@ -94,6 +94,22 @@ def _resumed_item(turn: ServerTurn) -> dict[str, Any] | None:
     return item
 
 
+def _browser_mcp_item(item: Any) -> bool:
+    """vLLM's stream shows a ``browser`` call twice at one output index: as an ``mcp_call`` named
+    ``browser.<tool>`` while it is written, then as the ``web_search_call`` (its unary answer has
+    only the latter)."""
+    return isinstance(item, Mapping) and item.get("type") == "mcp_call" \
+        and str(item.get("name") or "").startswith("browser.")
+
+
+def _failed_event(event: dict[str, Any], item: Mapping[str, Any]) -> dict[str, Any]:
+    """An ``mcp_call``'s ``completed`` event, ``failed`` when its call did not complete."""
+    if item and event.get("type") == "response.mcp_call.completed" \
+            and item.get("status") != "completed":
+        return {**event, "type": "response.mcp_call.failed"}
+    return event
+
+
 def _reasoning_text(item: Mapping[str, Any]) -> str:
     return "".join(part.get("text", "") for part in item.get("content") or ()
                    if isinstance(part, Mapping))
@@ -177,6 +193,7 @@ class ServerToolStream:
         stream.steps.append(self)
         self._held: list[dict[str, Any]] = []
         self._held_index: Any = None
+        self._dropping: Any = None  # the output index of vLLM's mcp_call twin of a browser call
         self._awaiting = False      # the held item is done; the next event settles it
         self._seen = 0              # server-side items settled so far
         self._executed = 0
@@ -201,6 +218,15 @@ class ServerToolStream:
             if self.stream.terminal:
                 return out
         item = event.get("item")
+        if kind == "response.output_item.added" and _browser_mcp_item(item):
+            self._dropping = event.get("output_index")   # its web_search_call follows there
+            return out
+        if self._dropping is not None and event.get("output_index") == self._dropping \
+                and (kind.startswith("response.mcp_call") or kind == "response.output_item.done"
+                     and _browser_mcp_item(item)):
+            if kind == "response.output_item.done":
+                self._dropping = None
+            return out
         if kind == "response.output_item.added" and _is_server_item(item):
             self._held = [event]
             self._held_index = event.get("output_index")
@@ -247,9 +273,11 @@ class ServerToolStream:
             return self.stream.terminate(refusal_violation(decision, source="stream_guard"))
         index = held[0].get("output_index")
         if decision.verdict in ("stop", "incomplete"):
-            return [self._shifted({**e, "item": _stopped_item(e["item"], decision)}
-                                  if e.get("type") == "response.output_item.done"
-                                  and isinstance(e.get("item"), Mapping) else e) for e in held]
+            done = next((_stopped_item(e["item"], decision) for e in held
+                         if e.get("type") == "response.output_item.done"
+                         and isinstance(e.get("item"), Mapping)), {})
+            return [self._shifted({**e, "item": done} if e.get("type") == "response.output_item.done"
+                                  and done else _failed_event(e, done)) for e in held]
         if decision.verdict == "pause":
             item = approval_item(decision)
             return [self._shifted({"type": kind, "output_index": index, "item": item,
@@ -258,12 +286,11 @@ class ServerToolStream:
         n = self._executed + (1 if self.turn.resume is not None
                               and self.turn.resume.refusal is None else 0)
         self._executed += 1
-        out = []
-        for e in held:
-            if e.get("type") == "response.output_item.done" and isinstance(e.get("item"), Mapping):
-                e = {**e, "item": _executed_item(self.turn, n, e["item"])}
-            out.append(self._shifted(e))
-        return out
+        done = next((_executed_item(self.turn, n, e["item"]) for e in held
+                     if e.get("type") == "response.output_item.done"
+                     and isinstance(e.get("item"), Mapping)), {})
+        return [self._shifted({**e, "item": done} if e.get("type") == "response.output_item.done"
+                              and done else _failed_event(e, done)) for e in held]
 
     def _terminal(self, event: dict[str, Any]) -> dict[str, Any]:
         event = copy.copy(event)

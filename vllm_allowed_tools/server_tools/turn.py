@@ -286,8 +286,8 @@ class ServerTurnFilter(CallFilter):
             if turn.selection is None or any(index == tool.index
                                              for index, _ in turn.selection.entries):
                 kinds.add(ITEM_TYPE[tool.builtin])
-                if tool.builtin == "python":
-                    kinds.add("mcp_call")
+                if tool.builtin in ("python", "browser"):   # a resumed call; a streamed browser
+                    kinds.add("mcp_call")                    # call's twin (server_tools.response)
         self.item_types = frozenset(kinds)
 
     def allows(self, kind: CallKind, name: str | None) -> bool:
