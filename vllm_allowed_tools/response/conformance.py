@@ -37,9 +37,11 @@ from .openai_extensions import (
     EXTENSION_EVENTS,
     MCP_APPROVAL_REQUEST,
     MCP_CALL,
+    WEB_SEARCH_CALL,
     custom_tool_call_schema,
     mcp_approval_request_schema,
     mcp_call_schema,
+    web_search_call_schema,
     with_custom_choices_as_functions,
 )
 
@@ -81,7 +83,8 @@ def _prepared() -> dict[str, Any]:
                                         extra={ELICITATION: elicitation,
                                                CUSTOM_TOOL_CALL: custom_tool_call_schema(),
                                                MCP_CALL: mcp_call_schema(),
-                                               MCP_APPROVAL_REQUEST: mcp_approval_request_schema()})
+                                               MCP_APPROVAL_REQUEST: mcp_approval_request_schema(),
+                                               WEB_SEARCH_CALL: web_search_call_schema()})
     _walk(doc, schemas)
     schemas.update(dict(EXTENSION_EVENTS.values()))
     return doc

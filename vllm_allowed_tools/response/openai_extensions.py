@@ -6,7 +6,9 @@ its input streams as ``response.custom_tool_call_input.delta`` / ``.done`` event
 Open Responses knows none of these, and OpenAI clients need all of them, so :mod:`.conformance`
 validates each against OpenAI's own shape (from the ``openai`` SDK's types), written here as JSON
 schemas: a documented extension, as the approvals' ``elicitation`` item is, never a loosening of a
-standard item. No vLLM imports.
+standard item. The items and events of the tools vLLM runs itself (``mcp_call``,
+``mcp_approval_request``, ``web_search_call``: docs/server-side-tools.md) are OpenAI's too, and
+checked the same way. No vLLM imports.
 """
 
 from __future__ import annotations
@@ -68,6 +70,33 @@ def mcp_approval_request_schema() -> dict[str, Any]:
                            "arguments": _STRING, "name": _STRING, "server_label": _STRING}}
 
 
+WEB_SEARCH_CALL = "web_search_call"
+_NULLABLE_STRING = {"type": ["string", "null"]}
+_WEB_SEARCH_SOURCE = {"type": "object", "required": ["type", "url"],
+                      "properties": {"type": {"const": "url"}, "url": _STRING}}
+_WEB_SEARCH_ACTION = {"anyOf": [
+    {"type": "object", "additionalProperties": False, "required": ["type"],
+     "properties": {"type": {"const": "search"}, "query": _NULLABLE_STRING,
+                    "queries": {"anyOf": [{"type": "null"}, {"type": "array", "items": _STRING}]},
+                    "sources": {"anyOf": [{"type": "null"},
+                                          {"type": "array", "items": _WEB_SEARCH_SOURCE}]}}},
+    {"type": "object", "additionalProperties": False, "required": ["type"],
+     "properties": {"type": {"const": "open_page"}, "url": _NULLABLE_STRING}},
+    {"type": "object", "additionalProperties": False, "required": ["type", "pattern", "url"],
+     "properties": {"type": {"const": "find_in_page"}, "pattern": _STRING, "url": _STRING}}]}
+
+
+def web_search_call_schema() -> dict[str, Any]:
+    """A ``web_search_call`` output item (``openai.types.responses.ResponseFunctionWebSearch``): a
+    ``web_search_preview`` call vLLM ran on the ``browser`` tool server."""
+    return {"type": "object", "additionalProperties": False,
+            "required": ["type", "id", "action", "status"],
+            "properties": {"type": {"const": WEB_SEARCH_CALL}, "id": _STRING,
+                           "action": _WEB_SEARCH_ACTION,
+                           "status": {"enum": ["in_progress", "searching", "completed", "failed",
+                                               "incomplete"]}}}
+
+
 def _event(kind: str, field: str) -> dict[str, Any]:
     return {"type": "object", "additionalProperties": False,
             "required": ["type", "sequence_number", "item_id", "output_index", field],
@@ -97,6 +126,11 @@ EXTENSION_EVENTS: Mapping[str, tuple[str, dict[str, Any]]] = {
                                           _event("response.mcp_call_arguments.delta", "delta")),
     "response.mcp_call_arguments.done": ("OpenAIMcpCallArgumentsDoneEvent",
                                          _event("response.mcp_call_arguments.done", "arguments")),
+    # a web_search_call's events (openai.types.responses.ResponseWebSearchCall*Event)
+    **{f"response.web_search_call.{state}": (
+        f"OpenAIWebSearchCall{state.title().replace('_', '')}Event",
+        _state_event(f"response.web_search_call.{state}"))
+       for state in ("in_progress", "searching", "completed")},
 }
 
 
