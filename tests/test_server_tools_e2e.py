@@ -25,6 +25,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -44,23 +45,35 @@ SERVER_CALL_LIMIT = 4
 
 @pytest.fixture(scope="module")
 def mcp(tmp_path_factory):
+    """The MCP servers ``container``, ``python`` and ``browser``, one execution log:
+    (``--tool-server`` list, log, the processes by name, a function that starts the container
+    server again on its port after its ``crash`` tool ended it)."""
     folder = tmp_path_factory.mktemp("mcp")
     log = folder / "executions.log"
     log.write_text("")
-    ports = (free_port(), free_port())
-    processes = [subprocess.Popen([sys.executable, "-m", "vllm_allowed_tools.testing.mcp_server",
-                                   "--port", str(p), "--log", str(log), "--name", name],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for p, name in zip(ports, ("container", "python"))]
-    deadline = time.monotonic() + 60
-    for p in ports:
+    names = ("container", "python", "browser")
+    ports = {name: free_port() for name in names}
+
+    def start(name: str) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-m", "vllm_allowed_tools.testing.mcp_server",
+                                    "--port", str(ports[name]), "--log", str(log), "--name", name],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", p)) == 0:
+                if sock.connect_ex(("127.0.0.1", ports[name])) == 0:
                     break
             time.sleep(0.2)
-    yield ",".join(f"127.0.0.1:{p}" for p in ports), log, processes[0]
-    for process in processes:
+        return process
+
+    processes = {name: start(name) for name in names}
+
+    def restart_container() -> None:
+        processes["container"].wait(10)
+        processes["container"] = start("container")
+
+    yield (",".join(f"127.0.0.1:{ports[n]}" for n in names), log, processes, restart_container)
+    for process in processes.values():
         process.terminate()
         process.wait(10)
 
@@ -453,6 +466,204 @@ def test_the_python_built_in_pauses_and_runs_once_after_an_accept(server, mcp):
     assert output[0]["output"] == f"python ran {approval['arguments']!r}"
 
 
+# -- agents' requests: client functions next to server-side tools; tools that fail; broken calls
+
+FUNCTION = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}},
+                           "required": ["city"], "additionalProperties": False}}
+CONTAINER = {"type": "mcp", "server_label": "container", "require_approval": "never"}
+CODE = {"type": "code_interpreter", "container": {"type": "auto"}}
+SELECTIONS = {
+    "function": [{"type": "function", "name": "get_weather"}],
+    "mcp": [{"type": "mcp", "server_label": "container", "name": "ls"}],
+    "code_interpreter": [{"type": "code_interpreter"}],
+    "all": [{"type": "function", "name": "get_weather"},
+            {"type": "mcp", "server_label": "container", "name": "ls"}, {"type": "code_interpreter"}],
+}
+#: harmony's <|call|> and <|return|>
+CALL, RETURN = "200012", "200002"
+
+
+def biased(**bias: float) -> dict:
+    """The marker nudges with some token biases changed (token id -> bias; None drops it)."""
+    logit_bias = dict(nudges()["logit_bias"])
+    for token, value in bias.items():
+        logit_bias.pop(token.lstrip("_"), None)
+        if value is not None:
+            logit_bias[token.lstrip("_")] = value
+    return {"logit_bias": logit_bias}
+
+
+def failures(server, reason: str) -> float:
+    """``vllm_allowed_tools:server_tool_failures_total{reason}`` on the server's /metrics."""
+    text = httpx.get(f"{server.root_url}/metrics", timeout=30).text
+    prefix = f'vllm_allowed_tools:server_tool_failures_total{{reason="{reason}"}} '
+    return sum(float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def answer(api: openai.OpenAI, body: dict, stream: bool) -> tuple[list[dict], list]:
+    if stream:
+        final, events = streamed(api, body)
+        return items(final), events
+    return items(api.responses.create(**body)), []
+
+
+def test_a_function_next_to_server_side_tools_is_refused_by_vanilla_vllm_and_served_here(
+        server, mcp):
+    """vLLM renders every tool of a request that has a function into harmony's developer message
+    and refuses an ``mcp`` tool there; with the plugin the function is rendered as a function and
+    the ``mcp`` built-in as a built-in."""
+    body = {"model": "tiny", "input": "Run it.", "tools": [FUNCTION, CONTAINER, CODE],
+            "max_output_tokens": 8}
+    vanilla = start_cli_server("random", options=["--vanilla", "--parser", "openai"],
+                               extra_args=["--tool-server", mcp[0]],
+                               env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container,code_interpreter"})
+    try:
+        refused = httpx.post(f"{vanilla.base_url}/responses", json=body, timeout=120)
+    finally:
+        stop_cli_server(vanilla)
+    assert refused.status_code == 400, refused.text
+    assert "tool type 'mcp' is not supported" in refused.json()["error"]["message"], refused.text
+    served = httpx.post(f"{server.base_url}/responses", json=body, timeout=120,
+                        headers={"Authorization": "Bearer key-a"})
+    assert served.status_code == 200, served.text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+@pytest.mark.parametrize("selection", list(SELECTIONS))
+def test_allowed_tools_over_a_function_an_mcp_tool_and_code_interpreter(server, mcp, selection,
+                                                                        stream):
+    """One request offers a client function, the ``container`` mcp tool and code_interpreter; a
+    required selection of any of them (or all) gets a call of a selected one, and the MCP servers'
+    log shows that only a selected server-side tool ran."""
+    api = openai.OpenAI(base_url=server.base_url, api_key="key-a", max_retries=0, timeout=300)
+    before = len(executions(mcp))
+    body = request("ls", require_approval="never", seed=31, tools=[FUNCTION, CONTAINER, CODE],
+                   tool_choice={"type": "allowed_tools", "mode": "required",
+                                "tools": SELECTIONS[selection]},
+                   max_tool_calls=1, max_output_tokens=96)
+    output, _ = answer(api, body, stream)
+    ran = [e["tool"] for e in executions(mcp)[before:]]
+    functions = [item for item in output if item["type"] == "function_call"]
+    assert all(f["name"] == "get_weather" and json.loads(f["arguments"])["city"] in ("Paris", "Rome")
+               for f in functions), output
+    expected = {"function": set(), "mcp": {"ls"}, "code_interpreter": {"python"},
+                "all": {"ls", "python"}}[selection]
+    assert set(ran) <= expected and len(ran) <= 1, (ran, output)
+    if selection == "function":
+        assert functions and not ran, output
+    elif selection == "all":
+        assert bool(functions) != bool(ran), (ran, output)   # one call: the required one
+    else:
+        assert ran and not functions, (ran, output, server.log_tail(30))
+    if "ls" in ran:
+        call = next(item for item in output if item["type"] == "mcp_call")
+        assert call["status"] == "completed" and call["output"].startswith("ls ran"), output
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_a_tool_that_fails_is_a_failed_call_the_model_sees(server, mcp, stream):
+    api = client(server)
+    before, counted = len(executions(mcp)), failures(server, "tool_error")
+    output, events = answer(api, request("fail", require_approval="never", seed=32,
+                                         max_tool_calls=1), stream)
+    assert [e["tool"] for e in executions(mcp)[before:]] == ["fail"], output
+    call = next(item for item in output if item["type"] == "mcp_call")
+    assert call["status"] == "failed" and "fail" in error_text(call) and not call["output"], call
+    assert output[-1] is not call, output   # the loop went on: the model answered after it
+    assert failures(server, "tool_error") == counted + 1
+    if stream:
+        kinds = [e.type for e in events]
+        assert "response.mcp_call.failed" in kinds and "response.mcp_call.completed" not in kinds
+
+
+def test_a_tool_server_gone_while_its_call_runs_is_a_failed_call(server, mcp):
+    before, counted = len(executions(mcp)), failures(server, "raised")
+    try:
+        output = items(client(server).responses.create(
+            **request("crash", require_approval="never", seed=33, max_tool_calls=1)))
+    finally:
+        mcp[3]()   # the container server again, for the tests after this one
+    assert [e["tool"] for e in executions(mcp)[before:]] == ["crash"], output
+    call = next(item for item in output if item["type"] == "mcp_call")
+    assert call["status"] == "failed" and "This tool call failed" in error_text(call), call
+    assert output[-1] is not call and failures(server, "raised") == counted + 1, output
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_a_call_cut_off_by_the_token_limit_is_never_run_nor_asked(server, mcp, stream):
+    """``note`` takes a free string, which the random model does not close (``<|call|>`` pushed
+    down so that it never ends the string early): the call is cut off by max_output_tokens."""
+    before, counted = len(executions(mcp)), failures(server, "cut_off")
+    body = request("note", seed=34, max_output_tokens=40,
+                   extra_body={"seed": 34, **biased(**{f"_{CALL}": -100.0})})
+    output, events = answer(client(server), body, stream)
+    assert executions(mcp)[before:] == [], output
+    assert not [item for item in output if item["type"] in ("mcp_approval_request", "elicitation")]
+    call = only("mcp_call", output)
+    assert call["status"] == "incomplete" and "cut off" in error_text(call), call
+    assert failures(server, "cut_off") == counted + 1
+    if stream:
+        assert events[-1].type == "response.incomplete", events[-1]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_a_call_whose_arguments_do_not_parse_is_never_run_nor_asked(server, mcp, stream):
+    """With ``<|call|>`` nudged up, the random model writes it inside ``note``'s string (a JSON
+    string may hold a special token): harmony's parser ends the call there, its arguments cut."""
+    before, counted = len(executions(mcp)), failures(server, "not_json")
+    output, _ = answer(client(server), request("note", seed=35, max_output_tokens=40), stream)
+    assert executions(mcp)[before:] == [], output
+    assert not [item for item in output if item["type"] in ("mcp_approval_request", "elicitation")]
+    call = only("mcp_call", output)
+    assert call["status"] == "incomplete" and "not JSON" in error_text(call), call
+    assert failures(server, "not_json") == counted + 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_a_call_ends_with_call_where_another_stop_token_is_likelier(server, mcp, stream):
+    """``<|return|>`` pushed up, ``<|call|>`` left alone: vLLM's tag would let the model end the
+    call with ``<|return|>`` (and vLLM's loop run it); the grammar admits only ``<|call|>``."""
+    before = len(executions(mcp))
+    body = request("ls", require_approval="never", seed=36, max_tool_calls=1,
+                   extra_body={"seed": 36, **biased(**{f"_{CALL}": None, f"_{RETURN}": 40.0})})
+    output, _ = answer(client(server), body, stream)
+    ran = executions(mcp)[before:]
+    assert [e["tool"] for e in ran] == ["ls"], (output, server.log_tail(30))
+    call = next(item for item in output if item["type"] == "mcp_call")
+    assert call["status"] == "completed" and json.loads(call["arguments"]) == {"cmd": ran[0]["cmd"]}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
+def test_web_search_runs_against_a_local_browser_server(server, mcp, stream):
+    """``web_search_preview`` runs vLLM's ``browser`` on the MCP server named so; streamed, its
+    ``web_search_call`` events pass the server's own conformance check (its check log)."""
+    from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV
+    check_log = Path(os.environ[CHECK_LOG_ENV])
+    checked_before = check_log.stat().st_size
+    tools = [{"type": "web_search_preview"}]
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "web_search_preview"}]}
+    before = len(executions(mcp))
+    output, events = answer(client(server), request("search", seed=37, tools=tools, tool_choice=choice,
+                                                    max_tool_calls=1), stream)
+    ran = executions(mcp)[before:]
+    assert [e["tool"] for e in ran] in (["search"], ["open"], ["find"]), (output, server.log_tail(30))
+    calls = [item for item in output if item["type"] == "web_search_call"]
+    assert calls and calls[0]["status"] == "completed", output
+    assert not [item for item in output if item["type"] == "mcp_call"], output
+    with check_log.open(encoding="utf-8") as handle:
+        handle.seek(checked_before)
+        records = [json.loads(line) for line in handle if line.strip()]
+    assert records and not [r for r in records if r["problems"]], records
+    if stream:
+        kinds = [e.type for e in events]
+        for kind in ("in_progress", "searching", "completed"):
+            assert f"response.web_search_call.{kind}" in kinds, kinds
+        assert not [k for k in kinds if k.startswith("response.mcp_call")], kinds
+        assert {f"response.web_search_call.{k}" for k in ("in_progress", "searching", "completed")} \
+            <= {r["type"] for r in records}, records
+
+
 def _store_rows(path, elicitation_id: str) -> tuple[str | None, tuple | None]:
     conn = sqlite3.connect(path)
     try:
@@ -470,7 +681,7 @@ def test_zz_the_api_server_killed_between_an_accept_and_the_run(server, mcp):
     approval = only("mcp_approval_request", pause(server, mcp, "ls", seed=11))
     before = len(executions(mcp))
     body = request("ls", seed=11, input_=answer_mcp(approval, True))
-    tool_server = mcp[2]
+    tool_server = mcp[2]["container"]
     os.kill(tool_server.pid, signal.SIGSTOP)   # vLLM now waits to open the tool session
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
