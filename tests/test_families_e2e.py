@@ -8,9 +8,9 @@ Per format, with the official ``openai`` SDK, for an 8-tool catalog and a 2-tool
   the tool's schema, on Chat Completions and Responses, over two seeds;
 * the same request streamed gives the same calls as unary (the random model's names take several
   tokens, so each name reaches the parser split across chunks);
-* ``auto`` with the sampler pushed onto the format's trigger token (``logit_bias``, Chat): the model
-  does start calls, and every one is allowed; without the push, on Responses: never a disallowed
-  call;
+* ``auto`` with the sampler pushed onto the format's call opening (``logit_bias``: the trigger
+  token, or where calls open the message, ``[``), on both APIs, unary and streamed: the model does
+  start calls, and every one is allowed; without the push, on Responses: never a disallowed call;
 * an invalid selection is a 400 naming the field, on both endpoints.
 
 Servers run on the stage this machine picks (on CPU: our logits-processor stage).
@@ -167,34 +167,46 @@ def test_a_streamed_required_answer_is_the_unary_one(served, seed):
     one_allowed_call(reply.calls, subset, (family, seed, reply.calls))
 
 
-def _trigger_token(family: str) -> int | None:
-    """The token of the auto grammar's trigger when it is one token of the served vocabulary."""
+def opening_bias(family: str) -> dict[str, float] | None:
+    """``logit_bias`` that opens calls in an auto turn: the trigger's token where the auto grammar
+    has a one-token trigger; where calls open the message (a dispatch: ``[`` or text), ``[`` and
+    the quote (strings then close soon: ``[`` is admitted inside them); None where neither is one
+    token of the served vocabulary."""
     from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
     tag = build_structural_tag(family, [AllowedFunction("t", None)], "auto")
-    triggers = getattr(tag.format, "triggers", None) if tag is not None else None
-    if not triggers:
+    if tag is None:
         return None
+    triggers = getattr(tag.format, "triggers", None)
+    openings = [triggers[0]] if triggers else ["[", '"'] if tag.format.type == "or" else []
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(served_model(family)))
-    ids = tokenizer.encode(triggers[0], add_special_tokens=False)
-    return ids[0] if len(ids) == 1 else None
+    ids = [tokenizer.encode(opening, add_special_tokens=False) for opening in openings]
+    if not ids or any(len(found) != 1 for found in ids):
+        return None
+    return {str(found[0]): 100 for found in ids}
 
 
-def test_auto_pushed_onto_the_trigger_calls_only_allowed_tools(served):
-    """The grammar lets auto mode call only the subset: with the trigger token favoured, the random
-    model opens calls at once, and each call it finishes is to an allowed tool."""
+def test_auto_pushed_onto_the_opening_calls_only_allowed_tools(served):
+    """The grammar lets auto mode call only the subset: with the call opening favoured (a trigger
+    token, or a dispatch's ``[``), the random model opens calls, and each call it finishes is to an
+    allowed tool, on both APIs, unary and streamed (a floor on the calls seen)."""
     family, server = served
-    token = _trigger_token(family)
-    if token is None:
-        pytest.skip(f"{family}: the auto grammar has no one-token trigger to push the model onto")
-    called = 0
-    for seed in range(4):
+    bias = opening_bias(family)
+    if bias is None:
+        pytest.skip(f"{family}: the auto grammar has no one-token opening to push the model onto")
+    called = {"chat": 0, "responses": 0}
+    for seed in range(6):
         catalog, subset = catalog_and_subset(seed)
-        calls = chat_answer(server.client(), chat_request(family, catalog, "auto", subset, seed,
-                                                          bias={str(token): 100}), stream=seed % 2 == 1)
+        if seed < 4:
+            calls = chat_answer(server.client(), chat_request(family, catalog, "auto", subset, seed,
+                                                              bias=bias), stream=seed % 2 == 1)
+        else:
+            calls = [call[:2] for call in responses_calls(
+                server.client(), catalog, "auto", subset, seed, max_tokens=MAX_TOKENS,
+                extra_body={"logit_bias": {**nudges(family), **bias}}, stream=seed % 2 == 1).calls]
         assert all(name in subset for name, _ in calls), (family, seed, calls, subset)
-        called += len(calls)
-    assert called >= 2, (family, called, server.log_tail(30))
+        called["chat" if seed < 4 else "responses"] += len(calls)
+    assert called["chat"] >= 2 and called["responses"] >= 1, (family, called, server.log_tail(30))
 
 
 def test_auto_never_calls_outside_the_subset_on_responses(served):

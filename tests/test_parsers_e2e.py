@@ -138,6 +138,15 @@ def test_auto_mode_never_calls_outside_the_subset(served, api):
         assert all(name in subset for name, _ in calls), (seed, calls, subset, server.log_tail(30))
 
 
+@pytest.mark.parametrize("served", ["allowed_mistral", "allowed_pythonic"], indirect=True)
+def test_auto_pushed_onto_the_opening_calls_only_allowed_tools(served):
+    """Mistral's ``[TOOL_CALLS]`` and the pythonic list's ``[`` hold auto by grammar: pushed onto
+    the opening, the model calls, only allowed tools (test_families_e2e's test, on these servers)."""
+    from test_families_e2e import test_auto_pushed_onto_the_opening_calls_only_allowed_tools as pushed
+    parser, server, _ = served
+    pushed((parser.removeprefix("allowed_"), server))
+
+
 def test_server_renders_the_template_like_render_py(served):
     """/v1/chat/completions/render goes through our middleware: the prompt vLLM would run, policy
     block included, is token for token what render.py renders (for a multi-turn agent transcript)."""
