@@ -772,11 +772,30 @@ def test_chat_forced_calls_go_to_the_tools_that_need_no_approval(server, tool_ch
     "mode": "auto", "tools": [{"type": "function", "function": {"name": GATED}}]}}],
     ids=["absent", "auto", "allowed-tools-only-gated"])
 def test_chat_auto_never_calls_a_gated_tool(server, tool_choice, stream):
+    """Pushed onto the call trigger (the random model then opens a call at once), auto still never
+    calls the gated tool: where the free tool is offered, the calls go to it."""
     fields = {} if tool_choice is None else {"tool_choice": tool_choice}
+    called = []
     for seed in (1, 2, 3, 4):
-        status, data = _chat(server, stream, seed=seed, prompt_cache_key="chat-auto", **fields)
+        status, data = _chat(server, stream, seed=seed, prompt_cache_key="chat-auto",
+                             logit_bias=_trigger_bias(server), **fields)
         assert status == 200, data
-        assert GATED not in _chat_calls(stream, data), data
+        called += _chat_calls(stream, data)
+    assert GATED not in called, called
+    if not (isinstance(tool_choice, dict) and tool_choice["allowed_tools"]["tools"][0]["function"]["name"]
+            == GATED):
+        assert called.count(FREE) >= 2, called   # calls were made: the rule was tested, not idle
+
+
+def _trigger_bias(server) -> dict[str, int]:
+    """``logit_bias`` favouring the hermes call trigger ``<tool_call>`` (one token of the tiny
+    model's vocabulary, read from the server's own /tokenize)."""
+    response = httpx.post(server.root_url + "/tokenize", timeout=60,
+                          json={"model": "tiny", "prompt": "<tool_call>", "add_special_tokens": False},
+                          headers={"Authorization": f"Bearer {KEY_A}"})
+    tokens = response.json()["tokens"]
+    assert len(tokens) == 1, tokens
+    return {str(tokens[0]): 100}
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
