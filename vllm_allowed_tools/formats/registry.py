@@ -77,6 +77,12 @@ class GrammarSpec:
     string_excludes: tuple[str, ...] = ()
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
+    @property
+    def holds_auto(self) -> bool:
+        """Auto turns get a grammar (a ``json_array`` format only where its calls have an opening:
+        a trigger, or the message's start)."""
+        return self.kind != "json_array" or bool(self.auto_triggers or self.auto_text_first_excluded)
+
 
 @dataclass(frozen=True)
 class WireFormat:
