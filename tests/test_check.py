@@ -97,7 +97,7 @@ def startup_decisions(command: list[str]) -> tuple[str, str | None]:
 def test_every_format_starts_with_its_bundled_template(capsys, every_marker_model, entry) -> None:
     code, report = run(capsys, str(every_marker_model), "--tool-call-parser", entry.parser_name,
                        "--chat-template", str(template_path(entry.template)))
-    limits = "warn" if entry.grammar.kind == "json_array" else "ok"
+    limits = "ok" if entry.grammar.holds_auto else "warn"
     assert code == 0, report
     assert verdicts(report) == {"tool_parser": "ok", "reasoning_parser": "ok", "tokenizer_mode": "ok",
                                 "constraint_stage": "ok", "placement": "ok", "format_limits": limits,
@@ -105,7 +105,7 @@ def test_every_format_starts_with_its_bundled_template(capsys, every_marker_mode
     stage, placement = startup_decisions(report["command"])
     assert finding(report, "constraint_stage")["details"]["stage"] == stage == "logits-processor"
     assert finding(report, "placement")["details"]["placement"] == placement == "template-variable"
-    modes = ["required"] if entry.grammar.kind == "json_array" else ["required", "auto"]
+    modes = ["required", "auto"] if entry.grammar.holds_auto else ["required"]
     assert finding(report, "grammar")["details"]["modes"] == modes
 
 
