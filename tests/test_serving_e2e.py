@@ -150,10 +150,10 @@ def test_parallel_false_never_more_than_one_call(random_server, stream):
         catalog, allowed = _catalog_and_subset(seed)
         calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream,
                                       parallel=False, max_tokens=200)
-        assert len(calls) <= 1, calls
+        assert len(calls) == 1, calls   # required: one, and not more
         chat, _, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream,
                              parallel=False, max_tokens=200)
-        assert len(chat) <= 1, chat
+        assert len(chat) == 1, chat
 
 
 def test_namespaced_catalog_round_trips_namespace(random_server):
