@@ -75,6 +75,9 @@ class GrammarSpec:
     #: ``json_array``: texts a JSON string inside the calls may not spell as they are (a parser
     #: that finds them in the raw output although they start with no markup: xLAM's code fences)
     string_excludes: tuple[str, ...] = ()
+    #: ``json_array``, auto mode: the parser ends the list at the first ``]`` (Phi-4-mini), so
+    #: arguments hold no array (:func:`vllm_allowed_tools.decode.call_lists.without_arrays`)
+    auto_no_arrays: bool = False
     builder: Callable[..., Any] | None = field(default=None, compare=False)
 
     @property
