@@ -61,3 +61,24 @@ def test_auto_admits_text_or_allowed_calls(family, text, admitted):
                                parallel_tool_calls=False)
     grammar = xgrammar.Grammar.from_structural_tag(tag)
     assert _is_grammar_accept_string(grammar, text) == admitted
+
+
+def test_phi4_auto_arguments_hold_no_bracket():
+    """Phi-4-mini's parser reads ``functools[`` up to the first ``]``: arguments hold no array
+    (an optional array property is left out, a tool that needs one is not callable in auto), no
+    free value is an array, and a string spells ``]`` only escaped."""
+    tools = [AllowedFunction("get_weather", SCHEMA, True), AllowedFunction("free", None, None),
+             AllowedFunction("needs_list", {"type": "object", "properties": {"xs": {"type": "array"}},
+                                            "required": ["xs"]}, True)]
+    tag = build_structural_tag("phi4_mini_json", tools, "auto", parallel_tool_calls=True)
+    grammar = xgrammar.Grammar.from_structural_tag(tag)
+
+    def call(name: str, arguments: str) -> str:
+        return 'ok functools[{"name": "%s", "arguments": %s}]' % (name, arguments)
+    assert _is_grammar_accept_string(grammar, call("get_weather", '{"city": "a\\u005db"}'))
+    assert _is_grammar_accept_string(grammar, call("free", '{"k": {"v": null}}'))
+    for refused in (call("get_weather", '{"city": "a]b"}'), call("get_weather", '{"city": "x", "tags": [1]}'),
+                    call("free", '{"k": [1]}'), call("needs_list", '{"xs": {}}'),
+                    'functools is a word'):
+        assert not _is_grammar_accept_string(grammar, refused), refused
+    assert build_structural_tag("phi4_mini_json", tools[2:], "auto") is None   # the guard holds it

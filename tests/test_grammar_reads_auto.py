@@ -150,8 +150,9 @@ def _fails(setup: Setup, tokens: tuple[str, ...], seed: int) -> bool:
         return False
 
 
-def test_formats_without_an_auto_grammar_are_the_documented_ones():
-    """Phi-4-mini's parser reads its call list up to the first ``]`` (arguments cannot hold an
-    array or a string with ``]``): its auto mode keeps the output guard (docs/model-families.md)."""
-    assert sorted(entry.name for entry in wire_formats() if entry.grammar.kind == "json_array"
-                  and entry.name not in FORMATS) == ["phi4_mini_json"]
+def test_every_json_array_format_holds_auto_by_grammar():
+    """Phi-4-mini's too: its parser reads the call list up to the first ``]``, so its arguments
+    hold no array and its strings no raw ``]`` (decode/call_lists.py ``without_arrays``)."""
+    assert sorted(FORMATS) == sorted(entry.name for entry in wire_formats()
+                                     if entry.grammar.kind == "json_array")
+    assert all(wire_format(name).grammar.holds_auto for name in FORMATS)

@@ -37,7 +37,7 @@ from xgrammar import StructuralTag
 
 from ..errors import CapabilityError
 from .argument_slots import json_ebnf
-from .safe_json import safe_json_ebnf
+from .safe_json import reachable, safe_json_ebnf
 
 _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_]*\Z")
 _RULE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*) ::=", re.MULTILINE)
@@ -193,10 +193,17 @@ def list_turn(spec: Any, turn: Any, arguments_schema: Callable[..., Mapping[str,
                                    parallel=parallel, markers=markers,
                                    max_whitespace=turn.max_whitespace, wire_format_name=turn.wire_format)
     else:
+        if spec.auto_no_arrays:
+            functions = [dataclasses.replace(f, parameters=held, strict=True) for f in functions
+                         if (held := without_arrays(arguments_schema(f, turn.strict_level))) is not None]
+            if not functions:
+                return None   # no allowed tool has arguments the list can hold: the guard does
         schema = call_array(spec, dataclasses.replace(turn, functions=functions), spec.auto_arguments_key)
         ebnf = safe_json_ebnf(json_ebnf({"type": "json_schema", "json_schema": schema,
                                          "max_whitespace_cnt": turn.max_whitespace}),
                               markers, spec.string_excludes)
+        if spec.auto_no_arrays:
+            ebnf = reachable(ebnf.replace(_ANY_ARRAY, ""))
     calls = {"type": "grammar", "grammar": ebnf}
     if turn.mode == "required":
         node: Mapping[str, Any] = calls
@@ -205,3 +212,49 @@ def list_turn(spec: Any, turn: Any, arguments_schema: Callable[..., Mapping[str,
     else:
         node = text_or_calls(calls, spec.auto_text_first_excluded, spec.auto_text_excludes)
     return StructuralTag.model_validate({"format": node})
+
+
+#: the array alternative of xgrammar's any-JSON-value rule (Phi-4-mini's list holds no ``]``)
+_ANY_ARRAY = " | (basic_array)"
+
+
+def without_arrays(schema: Any) -> Any:
+    """``schema`` without arrays, for a list its parser ends at the first ``]`` (Phi-4-mini's
+    ``functools\\[(.*?)\\]``): array-typed branches and optional properties dropped, enum values
+    spelling ``]`` dropped, ``pattern`` and ``format`` dropped (their strings could spell one; the
+    guard still checks a strict tool's); None where nothing is left (an array the tool requires)."""
+    if not isinstance(schema, Mapping):
+        return schema
+    if "$ref" in json.dumps(schema) and "array" in json.dumps(schema):
+        return None   # a reference may reach an array: not followed here
+    result = {key: value for key, value in schema.items() if key not in ("pattern", "format")}
+    kind = schema.get("type")
+    if kind == "array" or (isinstance(kind, list) and not [k for k in kind if k != "array"]):
+        return None
+    if isinstance(kind, list):
+        result["type"] = [k for k in kind if k != "array"]
+    for key in ("enum",):
+        if key in schema:
+            result[key] = [v for v in schema[key] if "]" not in json.dumps(v) and "[" not in json.dumps(v)]
+            if not result[key]:
+                return None
+    if "const" in schema and "]" in json.dumps(schema["const"]):
+        return None
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            result[key] = [b for b in (without_arrays(branch) for branch in schema[key]) if b is not None]
+            if not result[key]:
+                return None
+    if isinstance(schema.get("properties"), Mapping):
+        required, properties = set(schema.get("required") or ()), {}
+        for name, prop in schema["properties"].items():
+            held = without_arrays(prop)
+            if held is None and name in required:
+                return None
+            if held is not None:
+                properties[name] = held
+        result["properties"] = properties
+    if isinstance(schema.get("additionalProperties"), Mapping):
+        held = without_arrays(schema["additionalProperties"])
+        result["additionalProperties"] = held if held is not None else False
+    return result
