@@ -191,10 +191,9 @@ def format_limits_finding(parser: str | None) -> Finding:
         return _skipped("format_limits", f"no wire format is registered for {parser}")
     spec = entry.grammar
     if not spec.holds_auto:
-        return _warn("format_limits", f"{entry.name}'s auto turns get no grammar (its parser reads "
-                     "its call list up to the first ']'): a call outside the allowed subset is "
-                     "dropped by the parser and refused by the output guard, not prevented while "
-                     "decoding; required turns are a JSON array of allowed calls",
+        return _warn("format_limits", f"{entry.name}'s auto turns get no grammar: a call outside "
+                     "the allowed subset is dropped by the parser and refused by the output guard, "
+                     "not prevented while decoding; required turns are a JSON array of allowed calls",
                      wire_format=entry.name, grammar_kind=spec.kind)
     one_line = "; arguments are written on one line" if spec.arguments_on_one_line else ""
     return _ok("format_limits", f"auto and required turns can call only the allowed tools while "
