@@ -153,14 +153,15 @@ def _as_tokens(tag: StructuralTag) -> StructuralTag:
 
 
 def _calls_end_with(node: Any, token: int | str) -> Any:
-    """``node`` (a tag's JSON) with each call's stop end (``""`` after JSON arguments: vLLM's
-    function tags) replaced by ``token``; a final answer's text keeps its stop end."""
+    """``node`` (a tag's JSON) with each call's stop end (``""`` after arguments held to a schema
+    or grammar: the functions' tags) replaced by ``token``; a final answer (free text) keeps its
+    stop end."""
     if isinstance(node, list):
         return [_calls_end_with(item, token) for item in node]
     if not isinstance(node, dict):
         return node
     out = {key: _calls_end_with(value, token) for key, value in node.items()}
-    if out.get("type") == "tag" and (out.get("content") or {}).get("type") == "json_schema":
+    if out.get("type") == "tag" and (out.get("content") or {}).get("type") not in (None, "any_text"):
         end = out["end"]
         ends = [{"type": "token", "token": token} if e == "" else e
                 for e in (end if isinstance(end, list) else [end])]
