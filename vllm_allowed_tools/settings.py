@@ -192,8 +192,9 @@ class Settings(BaseSettings):
         "arguments (0 counts as 1, xgrammar's least); unset: no limit."))
     harmony_preamble_tokens: WholeNumber = _field("VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS", (
         "gpt-oss: the most tokens each of the two preamble messages (analysis, then commentary) "
-        "of a `required` turn may hold before its call, so the call comes within 2 x this + the "
-        "call's own tokens; 0: no limit (`auto` turns have none)."), 2048)
+        "of a `required` turn may hold before its call, lowered per request to half of what its "
+        "`max_tokens` leaves after the shortest allowed call, so that call always fits; 0: only "
+        "that (`auto` turns have none)."), 2048)
     extra_parsers: Names = _field("VLLM_ALLOWED_TOOLS_EXTRA_PARSERS", (
         "Comma-separated parser names the operator vouches for (their own subclasses of our "
         "parser wrappers, loaded with `--tool-parser-plugin`): accepted at start-up like ours."),
