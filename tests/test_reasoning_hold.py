@@ -280,3 +280,41 @@ def test_a_call_written_inside_the_reasoning_is_never_a_call(tokenizer, parser):
         assert inside in (reasoning or "") and "tool_call" not in (content or "")
     extracted = wrapper.extract_tool_calls(content or "", request)
     assert extracted.tool_calls == [] and json.dumps(names[2]) not in (extracted.content or "")
+
+
+# ------------------------------------------------------------------- gpt-oss: the preamble's budget
+
+def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call():
+    """Each preamble message (analysis, commentary) holds at most half of what the budget has
+    left after the shortest call and the messages' markup; a large budget keeps the configured
+    bound; the call's own grammar is untouched."""
+    from types import SimpleNamespace
+
+    import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony tag builder)
+
+    from vllm_allowed_tools.decode.call_budget import shortest_call_text
+    from vllm_allowed_tools.request.rewrite import WireAllowlist
+    from vllm_allowed_tools.vllm_glue.plugin import register
+    from vllm_allowed_tools.vllm_glue.turn_grammar import HARMONY_PREAMBLE_MARKUP, preambles_within_budget
+
+    register()
+    schema = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}
+    tag = built(build_structural_tag("openai", [AllowedFunction("lookup_order", schema, strict=True)],
+                                     "required", parallel_tool_calls=False, max_whitespace=1)).tag
+    pieces = shortest_call_text(tag.model_dump(), {"lookup_order": schema})
+    assert '{"order_id":""}' in pieces and 200008 in pieces       # the arguments and the markers sized
+
+    def bounds(max_tokens, mode="required"):
+        parser = SimpleNamespace(structural_tag_model="harmony", model_tokenizer=None)
+        request = SimpleNamespace(max_tokens=max_tokens, tools=[
+            {"type": "function", "function": {"name": "lookup_order", "parameters": schema}}])
+        allowlist = SimpleNamespace(mode=mode)
+        out = json.dumps(preambles_within_budget(parser, tag, request, allowlist).model_dump())
+        return sorted(int(v) for v in __import__("re").findall(r'"max_tokens": (\d+)', out))
+
+    assert bounds(None) == bounds(100_000) == [2048, 2048]
+    small = bounds(200)
+    assert len(small) == 2 and small[0] == small[1] < 100
+    reserve = 200 - HARMONY_PREAMBLE_MARKUP - 2 * small[0]
+    assert 8 <= reserve <= 60                                     # the shortest call, with its margin
+    assert bounds(10) == [0, 0] and bounds(200, mode="auto") == [2048, 2048]

@@ -129,8 +129,12 @@ def shortest_pieces(node: Any, schemas: Mapping[str, Any] | None = None, name: s
         ebnf = str(node.get("grammar", ""))
         style = "xml" if any(markup in ebnf for markup in _XML_KEYS) else "json"
         return [_arguments_text({"json_schema": schemas[name], "style": style})]
-    if kind == "sequence":
-        return [piece for element in node.get("elements", ()) for piece in inner(element)]
+    if kind == "sequence":   # a name written before a slot (harmony's `` to=functions.NAME``) sizes it
+        pieces: list[Any] = []
+        for element in node.get("elements", ()):
+            pieces += inner(element, name)
+            name = _name_in(pieces, schemas) or name
+        return pieces
     if kind in ("or", "dispatch", "token_dispatch"):
         elements = node.get("elements") or [rule[1] for rule in node.get("rules", ()) if len(rule) == 2]
         return _shortest([inner(element) for element in elements])
@@ -177,3 +181,21 @@ def shortest_array_call(schema: Any) -> list[Any]:
     if isinstance(data, Mapping) and data.get("type") == "array" and value == []:
         value = [minimal_json(data.get("items", {}), {**data.get("$defs", {})})]
     return [json.dumps(value, separators=(",", ":"))]
+
+
+def cap_optional_text(node: Any, max_tokens: int, optional: bool = False) -> None:
+    """In place, on a tag's JSON data: every ``any_text`` inside an ``optional`` (harmony's
+    analysis and commentary preamble messages before the call; a call's own text is never
+    optional) holds at most ``max_tokens`` tokens."""
+    if isinstance(node, list):
+        for item in node:
+            cap_optional_text(item, max_tokens, optional)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "any_text" and optional:
+        current = node.get("max_tokens")
+        node["max_tokens"] = max_tokens if current is None else min(current, max_tokens)
+    inside = optional or node.get("type") == "optional"
+    for value in node.values():
+        cap_optional_text(value, max_tokens, inside)

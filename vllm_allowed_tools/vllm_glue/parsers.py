@@ -37,6 +37,7 @@ from .turn_grammar import (
     hand_grammar_to_logits_processor,
     mark_must_call,
     plain_request_tag,
+    preambles_within_budget,
     request_subset_tag,
     tool_name,
     tools_held_to_schema,
@@ -83,12 +84,14 @@ class AllowedToolsMixin:
             return super().get_structural_tag(tools_held_to_schema(request), reasoning=reasoning,
                                               strict_level=strict_level)
         if allowlist.server and self.structural_tag_model == "harmony":
-            return self._server_tools_tag(request, allowlist, strict_level)
+            return preambles_within_budget(self, self._server_tools_tag(request, allowlist, strict_level),
+                                           request, allowlist)
         if self.structural_tag_model is None or not allowlist.allowed:
             return None   # nothing callable (an auto turn whose tools all need approval): no tag
         subset_tag = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
                                         max(strict_level, ToolStrictLevel.FUNCTION))
-        return subset_tag.tag if subset_tag is not None else None
+        return preambles_within_budget(self, subset_tag.tag if subset_tag is not None else None,
+                                       request, allowlist)
 
     def _server_tools_tag(self, request, allowlist: WireAllowlist, strict_level):
         """Harmony with server-side tools: the allowed functions' tag and the allowed

@@ -204,3 +204,34 @@ def mark_must_call(request, allowlist: WireAllowlist | None, tokenizer) -> None:
         reserve = FALLBACK_RESERVE
     if reserve is not None:
         request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_MUST_CALL: reserve}
+
+
+#: harmony markup of the two preamble messages around their text (``<|channel|>``, the channel,
+#: ``<|message|>``, ``<|end|>``, ``<|start|>``, ``assistant``: six tokens each)
+HARMONY_PREAMBLE_MARKUP = 12
+
+
+def preambles_within_budget(parser, tag, request, allowlist: WireAllowlist):
+    """gpt-oss (``parser``'s tag model is harmony): a ``required`` turn's tag whose two preamble
+    messages (analysis, commentary) leave
+    the request's budget room for its shortest call: each holds at most half of what the budget
+    has left after the call and the messages' markup (never more than
+    ``VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS``). ``tag`` as it is when the request sets no
+    budget or the bound already fits; else a copy (tags are cached)."""
+    from ..decode.call_budget import cap_optional_text, reserve_tokens, shortest_call_text
+    budget = requested_max_tokens(request)
+    if tag is None or budget is None or parser.structural_tag_model != "harmony" \
+            or allowlist.mode != "required":
+        return tag
+    tokenizer = getattr(parser, "model_tokenizer", None)
+    schemas = {function.name: function.parameters for function in catalog_functions(request)}
+    pieces = shortest_call_text(tag.model_dump(), schemas)
+    reserve = reserve_tokens(pieces, lambda text: len(tokenizer.encode(text, add_special_tokens=False))
+                             if tokenizer is not None else len(text) // 2 + 1)
+    bound = max(0, (budget - reserve - HARMONY_PREAMBLE_MARKUP) // 2)
+    configured = current().harmony_preamble_tokens
+    if configured and configured <= bound:
+        return tag
+    data = tag.model_dump()
+    cap_optional_text(data, bound)
+    return type(tag).model_validate(data)
