@@ -200,3 +200,17 @@ def test_built_in_tools_in_the_request_do_not_open_the_grammar(server):
                                 max_tokens=200, extra_body=nudges())
         assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (seed, reply.raw)
         assert [item.type for item in reply.raw.output if item.type.endswith("_call")] == ["function_call"]
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_preamble_that_would_not_end_leaves_room_for_the_call(server, api):
+    """``<|end|>`` pushed out of reach (logit_bias -100): the analysis message would run to the
+    token limit and the turn end without a call; each preamble message is bounded by what
+    ``max_tokens`` leaves after the shortest allowed call, so the call comes."""
+    fetch = chat_calls if api == "chat" else responses_calls
+    bias = {**nudges()["logit_bias"], "200007": -100.0}   # o200k_harmony's <|end|>
+    for seed in (0, 3):
+        catalog, subset = catalog_and_subset(seed)
+        reply = fetch(server.client(), catalog, "required", subset, seed, max_tokens=200,
+                      extra_body={"logit_bias": bias})
+        assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (seed, reply)
