@@ -234,17 +234,18 @@ def test_the_wrapper_marks_turns_that_must_call_and_a_client_cannot():
     for label, choice in [("required", chat_selection("required", names[:2])),
                           ("auto", chat_selection("auto", names[:2])), ("plain", "required"),
                           ("named", {"type": "function", "function": {"name": names[0]}}),
-                          ("plain auto", "auto")]:
+                          ("plain auto", "auto"), ("no reasoning", chat_selection("required", names[:2]))]:
         body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tool_choice": choice,
                 "tools": [POOL_BY_NAME[name].chat_tool() for name in names],
-                "vllm_xargs": {XARGS_MUST_CALL: 0}}
+                "vllm_xargs": {XARGS_MUST_CALL: 0}, "include_reasoning": label != "no reasoning"}
         request = ChatCompletionRequest(**rewrite_request(body, "chat").body)
         assert XARGS_MUST_CALL not in (request.vllm_xargs or {}), label
         if label.startswith(("plain", "named")):   # vLLM's parser sets its tag before the wrapper runs
             tag = wrapper.get_structural_tag(request)
             request.structured_outputs = tag and StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
         reserves[label] = (wrapper.adjust_request(request).vllm_xargs or {}).get(XARGS_MUST_CALL)
-    assert reserves["auto"] is None and reserves["plain auto"] is None, reserves
+    # include_reasoning: false: the native stage constrains from the first token, nothing to hold
+    assert reserves["auto"] is None and reserves["plain auto"] is None and reserves["no reasoning"] is None
     assert all(isinstance(reserves[k], int) and reserves[k] >= 8 for k in ("required", "plain", "named")), reserves
 
 

@@ -194,7 +194,9 @@ def mark_must_call(request, allowlist: WireAllowlist | None, tokenizer) -> None:
     (both stages): while it reasons it cannot stop, and its reasoning ends while the budget holds
     the call (:mod:`..decode.reasoning_hold`)."""
     from ..decode.reasoning_hold import XARGS_MUST_CALL
-    if not must_call(request, allowlist):
+    # include_reasoning: false constrains a Chat turn from its first token on the native stage,
+    # where a hold (which sees the reasoning as open) would refuse the stop after the call
+    if not must_call(request, allowlist) or getattr(request, "include_reasoning", True) is False:
         return
     try:
         reserve = call_reserve(request, tokenizer)
