@@ -36,11 +36,14 @@ def model_for_parser(flavour: str, seed: int, parser: str, log=print) -> Path:
 
 
 def format_tokens(parser: str) -> tuple[str, ...]:
-    """The tokens the format behind ``parser`` (ours or vLLM's name) needs in the vocabulary."""
+    """The tokens the format behind ``parser`` (ours or vLLM's name) needs in the vocabulary: its
+    markers, and its auto trigger (Phi-4-mini's ``functools``: a real model writes it as the word
+    it learnt, the random one reaches a one-token trigger only)."""
     try:
-        return wire_format(parser).special_tokens
+        entry = wire_format(parser)
     except ValueError:
         return ()
+    return tuple(dict.fromkeys((*entry.special_tokens, *entry.grammar.auto_triggers[:1])))
 
 
 def ensure_format_model(flavour: str, seed: int, tokens: tuple[str, ...], cache_dir: Path | None = None,
