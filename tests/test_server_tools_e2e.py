@@ -8,8 +8,10 @@ gpt-oss, ``vllm-allowed-tools serve-tiny --parser allowed_openai --one-flag -- -
 own log. The model is held to the call by the plugin's own grammar (``allowed_tools`` naming the
 mcp tool), the marker nudges of ``test_gpt_oss_e2e`` and a ``seed``.
 
-A second MCP server named ``python`` (the tool vLLM's python built-in calls, logging to the same
-file) sits behind the same ``--tool-server`` list. One server configuration for the module. The operator's policy gates ``container__exec`` (an elicitation) and
+Two more MCP servers, ``python`` and ``browser`` (the tools vLLM's python and browser built-ins
+call, logging to the same file), sit behind the same ``--tool-server`` list. The last part sends
+what agents send: their own functions next to server-side tools, tools that fail, calls cut short
+(vanilla vLLM is started once, for the 400 it answers a function next to an ``mcp`` tool with). One server configuration for the module. The operator's policy gates ``container__exec`` (an elicitation) and
 ``container__slow`` (expires in 5 s); ``ls`` has no rule, so only a client's ``require_approval``
 pauses it.
 """
