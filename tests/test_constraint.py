@@ -58,11 +58,12 @@ def test_builder_refuses_bad_input(kwargs, message):
         build_structural_tag(args["wire_format"], args["functions"], args["mode"])
 
 
-def test_json_array_formats_have_no_auto_grammar_and_a_required_array():
-    assert build_structural_tag("mistral", FUNCTIONS[:2], "auto") is None
-    tag = build_structural_tag("pythonic", FUNCTIONS[:2], "required", parallel_tool_calls=False)
+def test_json_array_formats_have_an_auto_grammar_and_a_required_array():
+    assert build_structural_tag("mistral", FUNCTIONS[:2], "auto").format.type == "triggered_tags"
+    assert build_structural_tag("pythonic", FUNCTIONS[:2], "auto").format.type == "or"   # a dispatch
+    tag = build_structural_tag("xlam", FUNCTIONS[:2], "required", parallel_tool_calls=False)
     assert tag.format.type == "grammar"   # the schema's JSON through decode/safe_json.py
-    schema = call_array_schema("pythonic", FUNCTIONS[:2], parallel_tool_calls=False)
+    schema = call_array_schema("xlam", FUNCTIONS[:2], parallel_tool_calls=False)
     assert schema["minItems"] == 1 and schema["maxItems"] == 1
     assert [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]] == \
         [["tool_0"], ["tool_1"]]
@@ -86,7 +87,8 @@ def test_tag_cache_builds_once_per_turn_and_keys_on_the_subset():
     assert first is again and first.digest != other.digest
     assert calls == [("tool_0",), ("tool_1",)]
     assert tag_cache_stats()[:2] == (1, 2)
-    assert cached_subset_tag(GrammarKey("mistral", "c", "a", "auto", True), functions(("tool_0",))) is None
+    assert cached_subset_tag(GrammarKey("mistral", "c", "a", "auto", True), functions(("tool_0",))) \
+        is not None   # after [TOOL_CALLS]
 
 
 # ---------------------------------------------------------------------------- request arguments

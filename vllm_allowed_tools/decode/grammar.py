@@ -192,8 +192,8 @@ def call_array_schema(wire_format_name: str, functions: Sequence[AllowedFunction
     marker or a lone surrogate escape inside a string, non-finite numbers). For a backend that
     compiles JSON schemas but no grammars (outlines)."""
     spec = wire_format(wire_format_name).grammar
-    if spec.kind != "json_array":
-        raise ValueError(f"{wire_format_name} is no JSON-array format")
+    if spec.kind != "json_array" or spec.call_syntax != "json":
+        raise ValueError(f"{wire_format_name} is no JSON-array format (or writes its calls otherwise)")
     turn = _Turn(functions=marked(functions), mode="required", parallel=parallel_tool_calls,
                  strict_level=max(strict_level, STRICT_FUNCTION), max_whitespace=None)
     return _call_array(spec, turn)
