@@ -1,10 +1,11 @@
 """A server on vLLM's outlines backend: required turns of a JSON-array format stay on outlines.
 
 outlines cannot compile structural tags, so our logits processor serves those; the plain JSON
-schema a required turn of ``pythonic`` (or ``mistral``) is constrained with is compiled by outlines
-itself. The observable is outlines' own index cache (``VLLM_V1_USE_OUTLINES_CACHE``, one SQLite
-row per compiled regex): a required turn adds the regex of the allowed subset's schema, and an auto
-turn (no grammar for these formats) adds nothing.
+schema a required turn of ``mistral`` (or ``xlam``, ``granite``: not the pythonic formats, whose
+calls are no JSON) is constrained with is compiled by outlines itself. The observable is outlines'
+own index cache (``VLLM_V1_USE_OUTLINES_CACHE``, one SQLite row per compiled regex): a required
+turn adds the regex of the allowed subset's schema, and an auto turn (a structural tag: free text,
+then ``[TOOL_CALLS]`` and allowed calls, on our processor) adds nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ SEEDS = (0, 1, 2)
 def outlines_server(tmp_path_factory):
     cache = tmp_path_factory.mktemp("outlines-cache")
     server = start_cli_server(
-        "random", options=["--parser", "allowed_pythonic"],
+        "random", options=["--parser", "allowed_mistral"],
         extra_args=["--structured-outputs-config.backend", "outlines"],
         env={"VLLM_V1_USE_OUTLINES_CACHE": "1", "OUTLINES_CACHE_DIR": str(cache)})
     yield server, cache / "outlines_cache.db"
@@ -71,7 +72,7 @@ def test_required_turns_are_constrained_by_outlines_to_the_allowed_subset(outlin
                    for regex in new), (seed, subset, [regex[:200] for regex in new])
 
 
-def test_auto_turns_have_no_grammar_and_keep_calls_inside_the_subset(outlines_server):
+def test_auto_turns_stay_off_outlines_and_keep_calls_inside_the_subset(outlines_server):
     server, db = outlines_server
     for seed in SEEDS[:2]:
         catalog, subset = catalog_and_subset(seed)
