@@ -1,7 +1,7 @@
 """The README, checked as a reader uses it: every command it shows names something that exists
 (make targets, `vllm-allowed-tools` subcommands and their flags, `python -m` modules, files, pip
-extras, vLLM flags, our parsers and settings), its requests run against a real server and answer
-as it says, its Python and TOML blocks run as written, and every relative link in README.md and
+extras, vLLM flags, our parsers and settings), its requests run against a real server (the real model answers them as it
+says: tests/test_real_model_e2e.py), its Python and TOML blocks run as written, and every relative link in README.md and
 docs/*.md resolves to a file and, with `#anchor`, to a heading of it."""
 
 from __future__ import annotations
@@ -21,65 +21,14 @@ import pytest
 
 from vllm_allowed_tools.formats import wire_format, wire_formats
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+from support.readme import (README, README_BASE, ROOT, blocks, prose, readme_commands, requests,
+                            run, split_env)
+
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 #: pages other work adds; a link to one of exactly these may wait for it
 PENDING_PAGES = {"docs/settings.md"}
-SHELL = {"bash", "sh", "shell"}
-#: where the README's requests go, and the model it serves in its quickstart
-README_BASE = "http://localhost:8000"
 REPO_DIRS = ("vllm_allowed_tools/", "tests/", "docs/", "benchmarks/", "examples/", "templates/",
              "grammars/", "clients/")
-
-
-# ------------------------------------------------------------------------------ reading markdown
-
-_FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```\s*$", re.M | re.S)
-
-
-def blocks(text: str) -> list[tuple[str, str]]:
-    """The fenced code blocks of a markdown text: (language, body)."""
-    return [(m.group(1).lower(), m.group(2)) for m in _FENCE.finditer(text)]
-
-
-def prose(text: str) -> str:
-    """The text outside fenced code blocks."""
-    return _FENCE.sub("", text)
-
-
-def commands(body: str) -> list[list[str]]:
-    """The commands of a shell block, one argv each (env assignments included), comments dropped;
-    a quoted argument may span lines, a trailing backslash continues one."""
-    result, buffer = [], ""
-    for line in body.splitlines():
-        buffer += line + "\n"
-        if buffer.endswith("\\\n"):
-            buffer = buffer[:-2] + " "
-            continue
-        try:
-            argv = shlex.split(buffer, comments=True)
-        except ValueError:      # an open quote: the argument goes on
-            continue
-        if argv:
-            result.append(argv)
-        buffer = ""
-    assert not buffer.strip(), f"unfinished command in a shell block: {buffer!r}"
-    return result
-
-
-def readme_commands() -> list[list[str]]:
-    return [argv for lang, body in blocks(README.read_text()) if lang in SHELL
-            for argv in commands(body)]
-
-
-def split_env(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    env = {}
-    while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
-        name, value = argv[0].split("=", 1)
-        env[name] = value
-        argv = argv[1:]
-    return env, argv
 
 
 def flags(args: list[str]) -> list[str]:
@@ -361,70 +310,21 @@ def test_readme_links_the_docs_pages() -> None:
 
 # ----------------------------------------------------------------- the requests, on a server
 
-def _requests() -> list[list[str]]:
-    return [argv for argv in readme_commands() if argv[0] == "curl"]
-
-
-def _served_model() -> str:
-    (serve,) = [argv for argv in readme_commands() if argv[:2] == ["vllm", "serve"]
-                and not split_env(argv)[0]]
-    return serve[2]
-
-
-def _run(argv: list[str], server) -> tuple[int, dict]:
-    model = _served_model()
-    args = [a.replace(README_BASE, server.root_url).replace(f'"{model}"', '"tiny"') for a in argv]
-    assert args != argv
-    proc = subprocess.run(args + ["-w", "\n%{http_code}"], capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    body, _, status = proc.stdout.rpartition("\n")
-    return int(status), json.loads(body)
-
-
 def test_readme_shows_one_request_per_api() -> None:
     endpoints = sorted(next(a for a in argv if a.startswith("http")).removeprefix(README_BASE)
-                       for argv in _requests())
+                       for argv in requests())
     assert endpoints == ["/v1/chat/completions", "/v1/responses"]
-
-
-def _arguments_ok(arguments: str) -> bool:
-    value = json.loads(arguments)
-    return isinstance(value, dict) and set(value) == {"city"} and isinstance(value["city"], str) \
-        and len(value["city"]) <= 40
-
-
-@pytest.mark.server
-def test_readme_requests_answer_as_it_says(random_server) -> None:
-    """Each request, as written but for the server's address and model name, is a 200 whose answer
-    is one `get_weather` call with a `city` (the random model: the grammar forces the call)."""
-    for argv in _requests():
-        status, answer = _run(argv, random_server)
-        assert status == 200, answer
-        if answer["object"] == "response":
-            assert answer["status"] == "completed", answer
-            calls = [item for item in answer["output"] if item["type"] == "function_call"]
-            assert [c["name"] for c in calls] == ["get_weather"], answer["output"]
-            assert _arguments_ok(calls[0]["arguments"]), calls
-            assert answer["tool_choice"]["type"] == "allowed_tools"   # the client's own, echoed
-        else:
-            assert answer["object"] == "chat.completion", answer
-            choice = answer["choices"][0]
-            assert choice["finish_reason"] == "tool_calls", choice
-            calls = choice["message"]["tool_calls"]
-            assert [c["function"]["name"] for c in calls] == ["get_weather"], calls
-            assert _arguments_ok(calls[0]["function"]["arguments"]), calls
 
 
 @pytest.mark.server
 def test_readme_says_an_unknown_name_is_a_400_naming_it(random_server) -> None:
     """The Responses request with its allowed name swapped for one not in `tools`: the 400 the
     README describes, `param` naming the entry."""
-    (argv,) = [a for a in _requests() if any(x.endswith("/v1/responses") for x in a)]
+    (argv,) = [a for a in requests() if any(x.endswith("/v1/responses") for x in a)]
     body_at = argv.index("-d") + 1
     body = json.loads(argv[body_at])
     body["tool_choice"]["tools"][0]["name"] = "drop_database"
-    status, answer = _run(argv[:body_at] + [json.dumps(body)] + argv[body_at + 1:], random_server)
+    status, answer = run(argv[:body_at] + [json.dumps(body)] + argv[body_at + 1:], random_server)
     assert status == 400, answer
     assert answer["error"]["param"] == "tool_choice.tools[0].name", answer
     assert "`tool_choice.tools[0].name`" in README.read_text()

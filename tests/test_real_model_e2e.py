@@ -11,7 +11,7 @@ an approval request carrying the arguments the prompt asked for, and on Chat a g
 called.
 
 One server for the module (the session's ``real_server``, an approval policy gating
-``delete_file``), 12 requests of at most 100 tokens.
+``delete_file``), 12 requests of at most 100 tokens, and the README's two requests as written.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ import openai
 import pytest
 
 from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
+
+from support import readme
 
 pytestmark = pytest.mark.server
 
@@ -188,3 +190,28 @@ def test_responses_gated_call_is_an_approval_request_with_the_file_asked_for(rea
     request = requests[0]
     assert request["elicitation_type"] == "tool_call_approval" and request["name"] == GATED, request
     assert json.loads(request["arguments"]) == {"path": "notes.txt"}, request
+
+
+# ---------------------------------------------------------------- the README's requests
+
+def test_readme_requests_answer_as_it_says(real_server):
+    """Each of the README's two requests, as written but for the server's address and model name:
+    a 200 whose answer is the one ``get_weather`` call for Paris the README describes, the
+    client's own ``allowed_tools`` echoed on Responses."""
+    answered = []
+    for argv in readme.requests():
+        status, answer = readme.run(argv, real_server)
+        assert status == 200, answer
+        if answer["object"] == "response":
+            assert answer["status"] == "completed", answer
+            assert answer["tool_choice"]["type"] == "allowed_tools", answer["tool_choice"]
+            calls = [(item["name"], json.loads(item["arguments"])) for item in answer["output"]
+                     if item["type"] == "function_call"]
+        else:
+            choice = answer["choices"][0]
+            assert choice["finish_reason"] == "tool_calls", choice
+            calls = [(call["function"]["name"], json.loads(call["function"]["arguments"]))
+                     for call in choice["message"]["tool_calls"] or ()]
+        assert calls == [("get_weather", {"city": "Paris"})], answer
+        answered.append(answer["object"])
+    assert sorted(answered) == ["chat.completion", "response"]
