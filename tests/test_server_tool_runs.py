@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from vllm_allowed_tools import metrics
 from vllm_allowed_tools.response import ResponsesStream
 from vllm_allowed_tools.server_tools import read_server_tools
 from vllm_allowed_tools.server_tools.response import ServerToolStream, apply_to_response
@@ -126,6 +127,40 @@ def test_a_call_not_run_and_a_call_that_failed_show_as_such():
     (item,) = apply_to_response(failed, {"output": [_mcp_item("ls", arguments="{}")]})["output"]
     assert item["status"] == "failed" and "Connection closed" in item["error"]["content"][0]["text"]
     assert "output" not in item
+
+
+def _cut_off_count() -> int:
+    return metrics.snapshot().get("server_tool_failures", {}).get("cut_off", 0)
+
+
+def test_a_call_the_loop_never_asked_about_is_never_shown_as_completed():
+    """The generation ended inside the call (harmony's parser never completed it as a message, so
+    vLLM's loop never asked to run it): its item is ``incomplete``, counted once, never run."""
+    turn = _turn([{"type": "mcp", "server_label": "container", "require_approval": "never"}])
+    before = _cut_off_count()
+    cut = {"output": [_mcp_item()], "status": "incomplete",
+           "incomplete_details": {"reason": "max_output_tokens"}}
+    (item,) = apply_to_response(turn, cut)["output"]
+    assert item["status"] == "incomplete" and "output" not in item
+    assert "cut off by the token limit" in item["error"]["content"][0]["text"]
+    assert _cut_off_count() == before + 1
+    (item,) = apply_to_response(turn, {"output": [_mcp_item()]})["output"]
+    assert item["status"] == "incomplete" and "did not finish" in item["error"]["content"][0]["text"]
+
+    stream = ResponsesStream()
+    ServerToolStream(turn, stream)
+    before = _cut_off_count()
+    sent = [e for event in [{"type": "response.created", "response": {"output": []}},
+                            *_events(_mcp_item(), 0),
+                            {"type": "response.incomplete", "response": cut}]
+            for e in stream.feed(event)]
+    done = next(e["item"] for e in sent if e["type"] == "response.output_item.done")
+    assert done["status"] == "incomplete" and "cut off" in done["error"]["content"][0]["text"]
+    assert "response.mcp_call.failed" in [e["type"] for e in sent]
+    assert "response.mcp_call.completed" not in [e["type"] for e in sent]
+    (final,) = sent[-1]["response"]["output"]
+    assert sent[-1]["type"] == "response.incomplete" and final["status"] == "incomplete"
+    assert _cut_off_count() == before + 1   # the terminal snapshot does not count it again
 
 
 def _events(item: dict, index: int = 1) -> list[dict]:

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import copy
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..metrics import record_server_tool_failure
 from ..response import NEXT_NUMBER, ResponsesStream
 from ..response.violations import AllowedToolsViolation
 from .turn import ServerDecision, ServerTurn
@@ -51,6 +52,30 @@ def mcp_error(text: str) -> dict[str, Any]:
 
 def _is_server_item(item: Any) -> bool:
     return isinstance(item, Mapping) and item.get("type") in SERVER_ITEM_TYPES
+
+
+#: why a call item has no decision: vLLM's loop never asked to run it (the generation ended
+#: before the call did, so harmony's parser never completed it as a message)
+CUT_OFF = "the call was cut off by the token limit (max_output_tokens)"
+NOT_FINISHED = "the call did not finish"
+
+
+def _undecided_item(item: Mapping[str, Any], why: str, *, count: bool = True) -> dict[str, Any]:
+    """The item of a call vLLM wrote but never asked to run: never run, so never ``completed``
+    (counted as ``cut_off`` once: ``count`` False where the item was counted already)."""
+    out = {**item, "status": "incomplete"}
+    if out.get("type") == "mcp_call":   # the other items have no error field
+        out["error"] = mcp_error(f"{why}; this call was not run")
+        out.pop("output", None)
+    if count:
+        record_server_tool_failure("cut_off")
+    return out
+
+
+def _why_undecided(response: Mapping[str, Any] | None) -> str:
+    details = (response or {}).get("incomplete_details")
+    return CUT_OFF if isinstance(details, Mapping) and details.get("reason") == "max_output_tokens" \
+        else NOT_FINISHED
 
 
 def _executed_item(turn: ServerTurn, index: int, item: Mapping[str, Any]) -> dict[str, Any]:
@@ -129,9 +154,12 @@ def _stopped_item(item: Mapping[str, Any], decision: ServerDecision) -> dict[str
     return out
 
 
-def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, Any]:
+def apply_to_response(turn: ServerTurn, response: dict[str, Any], *,
+                      count_undecided: bool = True) -> dict[str, Any]:
     """A unary Responses object (or a stream's terminal snapshot) with the turn's decisions
-    applied; raises :class:`AllowedToolsViolation` when a call was refused."""
+    applied; raises :class:`AllowedToolsViolation` when a call was refused. A call item past the
+    turn's runs was never asked about (the generation ended inside it): ``incomplete``, counted
+    once (a stream's snapshot repeats the items its events counted: ``count_undecided`` False)."""
     refused = turn.refused
     if refused is not None:
         raise refusal_violation(refused, source="unary_guard")
@@ -165,7 +193,8 @@ def apply_to_response(turn: ServerTurn, response: dict[str, Any]) -> dict[str, A
                       "approval_request_id": resume.elicitation_id}
             new[i].pop("output", None)
             continue
-        new[i] = _executed_item(turn, runs, new[i])
+        new[i] = _executed_item(turn, runs, new[i]) if runs < len(turn.executed) else \
+            _undecided_item(new[i], _why_undecided(response), count=count_undecided)
         runs += 1
     if resume is not None and not server_at:
         if resume.target.builtin == "python":   # vLLM shows a python call as reasoning
@@ -214,7 +243,7 @@ class ServerToolStream:
         if not self._injected and (kind.startswith("response.output_item") or kind in _TERMINAL):
             out += self._inject()
         if self._awaiting:
-            out += self._settle()
+            out += self._settle(event)
             if self.stream.terminal:
                 return out
         item = event.get("item")
@@ -259,7 +288,7 @@ class ServerToolStream:
         return [{"type": kind, "output_index": 0, "item": item, "sequence_number": NEXT_NUMBER}
                 for kind in ("response.output_item.added", "response.output_item.done")]
 
-    def _settle(self) -> list[dict[str, Any]]:
+    def _settle(self, after: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
         """The held call's events, decided: vLLM's n-th server-side call is the turn's n-th
         decision (the loop decides each call once, in order, before the next event)."""
         held, self._held, self._awaiting = self._held, [], False
@@ -268,16 +297,14 @@ class ServerToolStream:
         decision = decisions[self._seen] if self._seen < len(decisions) else None
         self._seen += 1
         if decision is None:   # never decided (cut off before it completed): never run
-            return [self._shifted(e) for e in held]
+            why = CUT_OFF if after is not None and after.get("type") == "response.incomplete" \
+                and _why_undecided(after.get("response")) == CUT_OFF else NOT_FINISHED
+            return self._released(held, lambda item: _undecided_item(item, why))
         if decision.verdict == "refuse":
             return self.stream.terminate(refusal_violation(decision, source="stream_guard"))
         index = held[0].get("output_index")
         if decision.verdict in ("stop", "incomplete"):
-            done = next((_stopped_item(e["item"], decision) for e in held
-                         if e.get("type") == "response.output_item.done"
-                         and isinstance(e.get("item"), Mapping)), {})
-            return [self._shifted({**e, "item": done} if e.get("type") == "response.output_item.done"
-                                  and done else _failed_event(e, done)) for e in held]
+            return self._released(held, lambda item: _stopped_item(item, decision))
         if decision.verdict == "pause":
             item = approval_item(decision)
             return [self._shifted({"type": kind, "output_index": index, "item": item,
@@ -286,8 +313,13 @@ class ServerToolStream:
         n = self._executed + (1 if self.turn.resume is not None
                               and self.turn.resume.refusal is None else 0)
         self._executed += 1
-        done = next((_executed_item(self.turn, n, e["item"]) for e in held
-                     if e.get("type") == "response.output_item.done"
+        return self._released(held, lambda item: _executed_item(self.turn, n, item))
+
+    def _released(self, held: list[dict[str, Any]],
+                  final: Callable[[Mapping[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+        """The held events, the ``done`` one carrying ``final`` of its item (its ``completed``
+        event ``failed`` where the final item is not completed)."""
+        done = next((final(e["item"]) for e in held if e.get("type") == "response.output_item.done"
                      and isinstance(e.get("item"), Mapping)), {})
         return [self._shifted({**e, "item": done} if e.get("type") == "response.output_item.done"
                               and done else _failed_event(e, done)) for e in held]
@@ -306,10 +338,10 @@ class ServerToolStream:
                 response["output"] = output
                 view = _shifted_turn(self.turn)
                 view.resume = None
-                apply_to_response(view, response)
+                apply_to_response(view, response, count_undecided=False)
                 response["output"] = [self._resumed_item, *response["output"]]
             else:
-                apply_to_response(self.turn, response)
+                apply_to_response(self.turn, response, count_undecided=False)
         except AllowedToolsViolation as violation:
             self.stream.fail(violation)
             return event
