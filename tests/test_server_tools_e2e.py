@@ -11,7 +11,7 @@ mcp tool), the marker nudges of ``test_gpt_oss_e2e`` and a ``seed``.
 Two more MCP servers, ``python`` and ``browser`` (the tools vLLM's python and browser built-ins
 call, logging to the same file), sit behind the same ``--tool-server`` list. The last part sends
 what agents send: their own functions next to server-side tools, tools that fail, calls cut short
-(vanilla vLLM is started once, for the 400 it answers a function next to an ``mcp`` tool with). One server configuration for the module. The operator's policy gates ``container__exec`` (an elicitation) and
+(vanilla vLLM's refusal of a function next to an ``mcp`` tool is its own function, called in-process). One server configuration for the module. The operator's policy gates ``container__exec`` (an elicitation) and
 ``container__slow`` (expires in 5 s); ``ls`` has no rule, so only a client's ``require_approval``
 pauses it.
 """
@@ -19,6 +19,7 @@ pauses it.
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import json
 import os
 import signal
@@ -513,22 +514,24 @@ def answer(api: openai.OpenAI, body: dict, stream: bool) -> tuple[list[dict], li
 def test_a_function_next_to_server_side_tools_is_refused_by_vanilla_vllm_and_served_here(
         server, mcp):
     """vLLM renders every tool of a request that has a function into harmony's developer message
-    and refuses an ``mcp`` tool there; with the plugin the function is rendered as a function and
-    the ``mcp`` built-in as a built-in."""
+    and refuses an ``mcp`` tool there (its own function, unwrapped, on the request as vLLM reads
+    it: the 400 vanilla answers); with the plugin the function is rendered as a function and the
+    ``mcp`` built-in as a built-in."""
+    from vllm.entrypoints.openai.parser import harmony_utils
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
     body = {"model": "tiny", "input": "Run it.", "tools": [FUNCTION, CONTAINER, CODE],
             "max_output_tokens": 8}
-    vanilla = start_cli_server("random", options=["--vanilla", "--parser", "openai"],
-                               extra_args=["--tool-server", mcp[0]],
-                               env={"VLLM_GPT_OSS_SYSTEM_TOOL_MCP_LABELS": "container,code_interpreter"})
-    try:
-        refused = httpx.post(f"{vanilla.base_url}/responses", json=body, timeout=120)
-    finally:
-        stop_cli_server(vanilla)
-    assert refused.status_code == 400, refused.text
-    assert "tool type 'mcp' is not supported" in refused.json()["error"]["message"], refused.text
+    vanilla = inspect.unwrap(harmony_utils.get_developer_message)
+    with pytest.raises(Exception, match="tool type 'mcp' is not supported") as refused:
+        vanilla(tools=ResponsesRequest.model_validate(body).tools)
+    # a VLLMValidationError: vLLM's serving answers it as a 400 naming the parameter
+    assert type(refused.value).__name__ == "VLLMValidationError" and refused.value.parameter == "tools"
     served = httpx.post(f"{server.base_url}/responses", json=body, timeout=120,
                         headers={"Authorization": "Bearer key-a"})
     assert served.status_code == 200, served.text
+    assert any(item["type"] in ("mcp_call", "function_call", "message", "reasoning")
+               for item in served.json()["output"]), served.text
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
