@@ -8,7 +8,6 @@ log's tail is appended to the report of any failing test that used it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,15 +25,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.settings import reset_for_tests
-from vllm_allowed_tools.testing.server import SEPARATE_WORKER, ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.testing.server import SEPARATE_WORKER, ServeTinyProcess
 from vllm_allowed_tools.testing.server_ledger import SERVER_LEDGER_ENV
 from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
+
+# _RUNNING: the servers started and not yet stopped, the list itself (pytest_sessionfinish stops them)
+from support.servers import _RUNNING, start_cli_server, stop_cli_server
 
 # grammars are built in-process here as in the server: vLLM's own tag builders lent as the plugin
 # lends them when vLLM loads it
 register_tag_builder()
 
-_RUNNING: list[ServeTinyProcess] = []
 _CONFORMANCE = pytest.StashKey[tuple]()
 _CREATED = pytest.StashKey[str]()
 
@@ -46,39 +47,6 @@ def _settings_read_per_test():
     reset_for_tests()
     yield
     reset_for_tests()
-
-
-def start_cli_server(flavour: str, extra_args: list[str] | None = None,
-                     timeout: float = 900.0, options: list[str] | None = None,
-                     env: dict[str, str] | None = None) -> ServeTinyProcess:
-    """Start `vllm-allowed-tools serve-tiny` (builds the model on first use) and wait for its URL;
-    ServeError says why it did not come up."""
-    server = start_serve_tiny(flavour, options=options or (), extra_args=extra_args or (), env=env,
-                              timeout=timeout)
-    _RUNNING.append(server)
-    return server
-
-
-def stop_cli_server(server: ServeTinyProcess) -> None:
-    server.stop()
-    if server in _RUNNING:
-        _RUNNING.remove(server)
-
-
-def load_script(folder: str, name: str):
-    """`folder/name.py` of the repository (examples/, benchmarks/: scripts, not a package) as a
-    module, once per session; its folder is importable, as when the script runs."""
-    module_name = f"{folder}_{name}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    directory = Path(__file__).resolve().parent.parent / folder
-    if str(directory) not in sys.path:
-        sys.path.insert(0, str(directory))
-    spec = importlib.util.spec_from_file_location(module_name, directory / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module   # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from conftest import load_script
-
 from vllm_allowed_tools.devtools.render import render_chat
+
+from support.servers import load_script
 
 accuracy = load_script("benchmarks", "accuracy")   # with its folder importable, as when it runs
 

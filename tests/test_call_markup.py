@@ -14,10 +14,11 @@ so only its required mode is covered.
 from __future__ import annotations
 
 import pytest
-from test_parsers_e2e import TWO_TOOLS, glue, policy_request  # noqa: F401 (glue: a fixture)
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+from support.parsers import TWO_TOOLS, glue, policy_request, served, unary  # noqa: F401 (glue: a fixture)
 
 PROSE = "Sure. "
 CALLS = {
@@ -40,20 +41,6 @@ CASES = [(parser, mode) for parser in CALLS for mode in ("required", "auto")
 def wrapper(tokenizer, parser: str):
     from vllm.tool_parsers import ToolParserManager
     return ToolParserManager.get_tool_parser(parser)(tokenizer)
-
-
-def served(tokenizer, parser: str, request):
-    """vLLM's serving-side parser around tool parser ``parser`` (a fresh one per output)."""
-    from vllm.parser.parser_manager import ParserManager
-    return ParserManager.get_parser(tool_parser_name=parser, enable_auto_tools=True)(
-        tokenizer, request.tools)
-
-
-def unary(tokenizer, parser: str, text: str, request) -> tuple[str | None, list]:
-    """(the message text, the calls) the server would send for the output ``text``."""
-    _, content, calls = served(tokenizer, parser, request).parse(text, request,
-                                                                 enable_auto_tools=True)
-    return content, list(calls or ())
 
 
 def stream(tokenizer, parser: str, ids: list[int], request) -> tuple[str, list[str]]:

@@ -12,7 +12,8 @@ import json
 
 import httpx
 import pytest
-from conftest import start_cli_server, stop_cli_server
+
+from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = [pytest.mark.server, pytest.mark.trained_model]
 

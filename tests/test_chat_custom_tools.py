@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_guard_backstops import run_guard
 
 from vllm_allowed_tools.asgi.middleware import _output_contract, _output_filter
 from vllm_allowed_tools.errors import AllowedToolsError, CapabilityError, InvalidSelectionError
@@ -27,6 +26,8 @@ from vllm_allowed_tools.response.chat_custom import (
 from vllm_allowed_tools.response.unary import check_chat_completion
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
 from vllm_allowed_tools.testing.grammar_read import tag_nodes
+
+from support.guard import run_guard
 
 DIGITS = r"[0-9]{4}"
 PIN = {"type": "custom", "custom": {"name": "pin", "description": "A four-digit pin.",

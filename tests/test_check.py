@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-from test_template_corpus import CORPUS, PLACEMENT, REFUSED, REFUSED_BECAUSE, TEMPLATES, USER_TURN
 
 from vllm_allowed_tools.devtools import check
 from vllm_allowed_tools.errors import CapabilityError
@@ -27,6 +26,8 @@ from vllm_allowed_tools.settings import Settings, reset_for_tests
 from vllm_allowed_tools.templates import template_path
 from vllm_allowed_tools.vllm_glue.capabilities import check_server_args
 from vllm_allowed_tools.vllm_glue.served_template import choose_placement
+
+from support.template_corpus import CORPUS, PLACEMENT, REFUSED, REFUSED_BECAUSE, TEMPLATES, USER_TURN
 
 #: every plugin switch the check reads from the environment: unset, so each test sets its own
 PLUGIN_ENV = ("VLLM_ALLOWED_TOOLS_CONSTRAINT", "VLLM_ALLOWED_TOOLS_PLACEMENT",

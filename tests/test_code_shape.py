@@ -1,5 +1,6 @@
 """The package's shape, checked: a reader finds each role in one folder, and no part outgrows what a
-reader can hold (the limits docs/architecture.md's layout section states)."""
+reader can hold (the limits docs/architecture.md's layout section states). And the tests' own: no
+test module imports another (what they share is in tests/support/)."""
 from __future__ import annotations
 
 import ast
@@ -129,3 +130,38 @@ def test_the_documented_layout_is_the_tree() -> None:
     documented = _layout_entries()
     assert documented == tree, (f"docs/architecture.md's layout lacks {sorted(tree - documented)} "
                                 f"and names {sorted(documented - tree)}, which the package does not hold")
+
+
+
+def _test_module_imports(source: str) -> list[str]:
+    """``line: module`` for each import in ``source`` of a test module (``test_*``) or of
+    ``conftest``, at any depth (a function's own imports too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules = [node.module]
+        else:
+            continue
+        found += [f"{node.lineno}: {module}" for module in modules
+                  if module.split(".")[0] == "conftest" or module.split(".")[0].startswith("test_")]
+    return sorted(found, key=lambda where: int(where.split(":")[0]))
+
+
+def test_no_test_module_imports_another_or_conftest() -> None:
+    """What test modules share lives in tests/support/ (one module per concern): a test module that
+    imports another runs that module's imports and fixtures as its own, and ties the two together."""
+    tests = Path(__file__).resolve().parent
+    found = [f"tests/{path.name}:{where}" for path in sorted(tests.glob("test_*.py"))
+             for where in _test_module_imports(path.read_text())]
+    assert not found, ("test modules that import a test module or conftest (what they share belongs "
+                       f"in tests/support/): {found}")
+
+
+def test_the_test_import_scan_finds_every_kind_of_import() -> None:
+    source = ("import test_a\nimport os, test_b as b\nfrom test_c import x\nfrom conftest import y\n"
+              "def f():\n    from test_d import z\nfrom support.test_e import w\nimport conftest\n"
+              "from support import servers\n")
+    assert _test_module_imports(source) == ["1: test_a", "2: test_b", "3: test_c", "4: conftest",
+                                            "6: test_d", "8: conftest"]

@@ -15,12 +15,13 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import start_cli_server, stop_cli_server
-from test_serving_e2e import _catalog_and_subset, happy_model_violation_figures
 
 from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+
+from support.servers import start_cli_server, stop_cli_server
+from support.serving import catalog_and_subset, happy_model_violation_figures
 
 pytestmark = pytest.mark.server
 
@@ -82,7 +83,7 @@ def _parser_violations(server) -> float:
 def test_required_mode_only_allowed_calls(stage_random_server, stream):
     client = stage_random_server.client()
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, text, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
         assert len(calls) == 1, (seed, calls, text)
         assert calls[0][0] in allowed and POOL_BY_NAME[calls[0][0]].arguments_valid(calls[0][1])
@@ -96,7 +97,7 @@ def test_parallel_false_and_auto_mode(stage_random_server, stream):
     client = stage_random_server.client()
     text_only = 0
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream,
                                       parallel=False, max_tokens=200)
         assert len(calls) == 1, calls
@@ -161,7 +162,7 @@ def test_client_cannot_plant_a_grammar(stage_happy_server):
     that would force a call to a tool outside its allowlist) never reaches the engine."""
     from vllm_allowed_tools.decode.split import constraint_extra_args
     from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
-    catalog, allowed = _catalog_and_subset(3)
+    catalog, allowed = catalog_and_subset(3)
     outsider = next(tool for tool in catalog if tool.name not in allowed)
     planted = built(build_structural_tag("hermes", [AllowedFunction(outsider.name, {"type": "object"})],
                                          "required"))
@@ -184,7 +185,7 @@ def test_offline_llm_is_constrained_through_extra_args():
     from vllm_allowed_tools.testing.tiny_model import ensure_model
     os.environ.update(server_environment())
     from vllm import LLM, SamplingParams
-    catalog, allowed = _catalog_and_subset(11)
+    catalog, allowed = catalog_and_subset(11)
     body = {"tools": [tool.chat_tool() for tool in catalog],
             "tool_choice": chat_selection("required", allowed), "parallel_tool_calls": False}
     tag = allowed_tools_grammar(body, "hermes", max_whitespace=1)

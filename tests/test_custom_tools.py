@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 
 import pytest
-from test_guard_backstops import run_guard
 
 from vllm_allowed_tools.asgi.middleware import _output_contract
 from vllm_allowed_tools.errors import AllowedToolsError
@@ -18,6 +17,8 @@ from vllm_allowed_tools.response import ResponsesStreamGuard
 from vllm_allowed_tools.response.calls import AllowedNames
 from vllm_allowed_tools.response.unary import check_responses_object
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
+
+from support.guard import run_guard
 
 PATCH_GRAMMAR = '''start: begin_patch hunk+ end_patch
 begin_patch: "*** Begin Patch" LF

@@ -7,62 +7,27 @@ call ends within the token limit.
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
-from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
+from support.custom_tools import (
+    ADMITTED,
+    EXEC,
+    SEEDS,
+    SHORT,
+    request_body,
+    streamed,
+    the_one_custom_call,
+    unary,
+)
 
 pytestmark = pytest.mark.server
-
-#: bounded, and framed by a quote and a backslash: what a JSON string writes escaped (hermes) and
-#: an XML value carries raw (qwen3_coder)
-GRAMMAR = r'start: "\"" ("a" | "b" "c"~1..3) "\\"'
-SHORT = {"type": "custom", "name": "short", "description": "Say it short.",
-         "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR}}
-EXEC = {"type": "function", "name": "exec_command", "description": "Run a command.",
-        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
-ADMITTED = {f'"{core}\\' for core in ("a", "bc", "bcc", "bccc")}   # every input the grammar admits
-SEEDS = (0, 1, 2)
 
 
 @pytest.fixture
 def server(random_server):
     """hermes; the same tests on qwen3_coder run on that format's server in test_parsers_e2e.py."""
     return random_server
-
-
-def request_body(seed: int, stream: bool, **extra) -> dict:
-    return {"model": "tiny", "input": "Go ahead.", "tools": [EXEC, SHORT],
-            "tool_choice": {"type": "allowed_tools", "mode": "required",
-                            "tools": [{"type": "custom", "name": "short"}]},
-            "parallel_tool_calls": False, "max_output_tokens": 120, "temperature": 1.0, "seed": seed,
-            "stream": stream, **extra}
-
-
-def unary(server, body: dict, route: str = "responses") -> dict:
-    response = httpx.post(f"{server.base_url}/{route}", json=body, timeout=180)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def streamed(server, body: dict, route: str = "responses") -> list[dict]:
-    """The stream's JSON events (Chat's closing ``[DONE]`` left out)."""
-    with httpx.stream("POST", f"{server.base_url}/{route}", json=body, timeout=180) as response:
-        assert response.status_code == 200, response.read()
-        return [json.loads(line[6:]) for line in response.iter_lines()
-                if line.startswith("data: ") and line != "data: [DONE]"]
-
-
-def the_one_custom_call(response: dict) -> dict:
-    """The response's one call: a ``custom_tool_call`` of the selected tool, its input admitted."""
-    assert response["status"] == "completed", response
-    calls = [item for item in response["output"] if item["type"] in ("function_call", "custom_tool_call")]
-    assert [(item["type"], item["name"]) for item in calls] == [("custom_tool_call", "short")], response
-    assert calls[0]["input"] in ADMITTED, calls[0]
-    assert compile_custom_grammar("short", "lark", GRAMMAR).admits(calls[0]["input"])
-    return calls[0]
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -4,7 +4,8 @@ cannot rot: both finish, and every call the dispatcher ran was in that turn's al
 from __future__ import annotations
 
 import pytest
-from conftest import load_script
+
+from support.servers import load_script
 
 
 def load_example(name: str):

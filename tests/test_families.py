@@ -8,11 +8,12 @@ import dataclasses
 import json
 
 import pytest
-from test_parsers_e2e import policy_request
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.formats import wire_format
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+from support.parsers import policy_request, tokenizer_for  # noqa: F401 (tokenizer_for: a fixture)
 
 ARGS = '{"priority": "high"}'
 #: one call to {name}(priority="high"), written as each format's model writes it
@@ -40,23 +41,6 @@ ALLOWED, OTHER = "get_ticket", "delete_note"   # both take one enum argument, `p
 
 def call_text(family: str, name: str) -> str:
     return CALL_TEXT[family].replace("{name}", name)
-
-
-@pytest.fixture(scope="module")
-def tokenizer_for():
-    from transformers import AutoTokenizer
-
-    from vllm_allowed_tools.testing.format_model import model_for_parser
-    from vllm_allowed_tools.vllm_glue.plugin import register
-    register()
-    cache: dict = {}
-
-    def load(family: str):
-        if family not in cache:
-            cache[family] = AutoTokenizer.from_pretrained(
-                str(model_for_parser("random", 0, family, log=lambda *_: None)))
-        return cache[family]
-    return load
 
 
 def wrapper(tokenizer_for, family: str):

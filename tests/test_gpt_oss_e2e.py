@@ -18,7 +18,6 @@ import random
 import httpx
 import openai
 import pytest
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.testing.calls import (
     chat_calls,
@@ -28,25 +27,14 @@ from vllm_allowed_tools.testing.calls import (
 )
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
+from support.gpt_oss import nudges
+from support.servers import start_cli_server, stop_cli_server
+
 pytestmark = pytest.mark.server
 
 GATED = "send_email"
 
 
-def nudges() -> dict:
-    """Harmony's markers (<|start|>, <|end|>, <|message|>, <|channel|>, <|constrain|>, <|call|>)
-    written as their one token, as a trained gpt-oss writes them (the grammar admits them only as
-    their tokens anyway, and no string or free text may spell one). Nothing else is nudged."""
-    if not _NUDGES:
-        from vllm_allowed_tools.testing.format_model import writing_nudges
-        from vllm_allowed_tools.testing.gpt_oss_model import ensure_gpt_oss_model
-        markers = {"<|start|>": 30.0, "<|end|>": 30.0, "<|message|>": 30.0, "<|channel|>": 30.0,
-                   "<|constrain|>": 30.0, "<|call|>": 40.0}
-        _NUDGES.update(writing_nudges(ensure_gpt_oss_model(0, log=lambda *_: None), markers))
-    return {"logit_bias": dict(_NUDGES)}
-
-
-_NUDGES: dict[str, float] = {}
 POLICY_BLOCK = "<|start|>developer<|message|># Instructions\n\nAllowed tools this turn ("
 
 

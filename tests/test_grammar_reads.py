@@ -51,15 +51,12 @@ fails the same way. ``VLLM_ALLOWED_TOOLS_WALKS`` sets the walks per test (defaul
 from __future__ import annotations
 
 import json
-import os
 import random
-from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import jsonschema
 import pytest
-from test_families import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
 from vllm_allowed_tools.decode.argument_slots import object_schema
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
@@ -69,12 +66,20 @@ from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS
 from vllm_allowed_tools.testing.grammar_read import WrittenCall, python_calls, read_calls, xml_parameters
 from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens, marker_texts
 
-WALKS = int(os.environ.get("VLLM_ALLOWED_TOOLS_WALKS", "100"))
-SPELLINGS = {
-    "markers": {"pieces": False, "markup_in_text": False},
-    "pieces": {"pieces": True, "markup_in_text": False},
-    "markup-in-values": {"pieces": False, "markup_in_text": True},
-}
+from support.grammar_reads import (
+    ALLOWED,
+    CATALOG,
+    SPELLINGS,
+    WALKS,
+    Setup,
+    chat_tools,
+    chunkings,
+    json_equal,
+    streamed_calls,
+    unary_calls,
+)
+from support.parsers import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
+
 FORMATS = [entry.name for entry in wire_formats()]
 
 # The causes (grammar admits X, the parser reads Y), then the failing (format, spelling) pairs with
@@ -95,23 +100,6 @@ def _why(cause: str, minimal: str) -> str:
 XFAIL: dict[tuple[str, str], str] = {}
 
 # ------------------------------------------------------------------------------------- the catalog
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string"},
-    "unit": {"type": "string", "enum": ["c", "f"]},
-    "days": {"type": "integer"},
-    "alert": {"type": "boolean"},
-    "where": {"type": "object", "properties": {"lat": {"type": "number"}, "label": {"type": "string"}},
-              "required": ["lat"], "additionalProperties": False}},
-    "required": ["city", "unit"], "additionalProperties": False}
-SEARCH = {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
-          "required": ["query"]}
-NOTE = {"type": "object", "properties": {"note_id": {"type": "string"}}, "required": ["note_id"],
-        "additionalProperties": False}
-EMAIL = {"type": "object", "properties": {"to": {"type": "string"}, "body": {"type": "string"}}}
-#: name -> (schema, strict); two allowed (one strict, one not), two not
-CATALOG = {"get_weather": (WEATHER, True), "search_docs": (SEARCH, False),
-           "delete_note": (NOTE, True), "send_email": (EMAIL, False)}
-ALLOWED = ["get_weather", "search_docs"]
 #: allowed name -> the arguments schema its grammar pins (every tool's own, strict or not:
 #: decode/argument_schemas.py)
 ARGUMENT_SCHEMAS = {name: object_schema(CATALOG[name][0]) for name in ALLOWED}
@@ -123,15 +111,9 @@ XML_STYLE = {"glm45": "glm_xml", "glm47": "glm_xml"}
 WS = " \n\r\t"
 
 
-def chat_tools() -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": name, "description": f"{name} tool",
-                                              "parameters": schema, "strict": strict}}
-            for name, (schema, strict) in CATALOG.items()]
-
-
 def policy_request():
     """A ChatCompletionRequest as vLLM sees it after our middleware: required mode over ALLOWED,
-    no parallel calls (test_parsers_e2e.policy_request, over this module's catalog)."""
+    no parallel calls (support/parsers.py's policy_request, over this module's catalog)."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     from vllm_allowed_tools.request.rewrite import rewrite_request
@@ -146,23 +128,6 @@ def required_tag(family: str):
         import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony builder)
     functions = [AllowedFunction(name, CATALOG[name][0], CATALOG[name][1]) for name in ALLOWED]
     return build_structural_tag(family, functions, "required", parallel_tool_calls=False)
-
-
-@dataclass
-class Setup:
-    family: str
-    tag: Any
-    walker: GrammarWalker
-    parser_cls: type
-    tokenizer: Any
-    request: Any
-    stop_id: int
-    ids: dict[str, list[int]]
-
-    def token_ids(self, token: str) -> list[int]:
-        if token not in self.ids:
-            self.ids[token] = self.tokenizer.encode(token, add_special_tokens=False)
-        return self.ids[token]
 
 
 _SETUPS: dict[str, Setup] = {}
@@ -188,19 +153,6 @@ def setup_for(family: str, tokenizer_for) -> Setup:
 
 
 # ------------------------------------------------------------------------- what the walk wrote
-def json_equal(a: Any, b: Any) -> bool:
-    """Equal as JSON values: numbers by value, but a boolean is never a number."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        return a == b
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(json_equal(a[key], b[key]) for key in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
-    return type(a) is type(b) and a == b
-
-
 def _trim(value: str, mark: str | None) -> str:
     return value.removeprefix(mark).removesuffix(mark) if mark else value
 
@@ -243,49 +195,6 @@ def written(setup: Setup, text: str) -> tuple[str, Any]:
 
 
 # ------------------------------------------------------------------------- what the server reads
-def chunkings(count: int, seed: int) -> dict[str, list[int]]:
-    """Chunk sizes covering ``count`` tokens: one token a chunk, and two random chunkings."""
-    result = {"per-token": [1] * count}
-    for name, largest in (("random-4", 4), ("random-12", 12)):
-        rng, sizes = random.Random(f"{seed}/{name}"), []
-        while sum(sizes) < count:
-            sizes.append(rng.randint(1, largest))
-        result[name] = sizes
-    return result
-
-
-def unary_calls(setup: Setup, tokens: tuple[str, ...]) -> tuple[list[tuple[str, str]], str | None]:
-    ids = [i for token in tokens for i in setup.token_ids(token)] + [setup.stop_id]
-    parser = setup.parser_cls(setup.tokenizer, setup.request.tools)
-    _, content, calls = parser.parse("".join(tokens), setup.request, enable_auto_tools=True,
-                                     model_output_token_ids=ids)
-    return [(call.name, call.arguments) for call in calls or []], content
-
-
-def streamed_calls(setup: Setup, tokens: tuple[str, ...], sizes: list[int]) -> tuple[list[tuple[str, str]], str]:
-    parser = setup.parser_cls(setup.tokenizer, setup.request.tools)
-    chunks, start = [], 0
-    for size in sizes:
-        piece = tokens[start:start + size]
-        chunks.append(("".join(piece), [i for token in piece for i in setup.token_ids(token)]))
-        start += size
-    chunks.append(("", [setup.stop_id]))
-    calls: dict[int, list[str]] = {}
-    content = ""
-    for number, (text, ids) in enumerate(chunks):
-        delta = parser.parse_delta(text, ids, setup.request, prompt_token_ids=[],
-                                   finished=number == len(chunks) - 1)
-        if delta is None:
-            continue
-        content += delta.content or ""
-        for call in delta.tool_calls or []:
-            entry = calls.setdefault(call.index, ["", ""])
-            if call.function is not None:
-                entry[0] += call.function.name or ""
-                entry[1] += call.function.arguments or ""
-    return [tuple(calls[index]) for index in sorted(calls)], content
-
-
 def judge(read: list[tuple[str, str]], expected: tuple[str, Any]) -> str | None:
     """None when ``read`` is exactly the one expected call; else what differs."""
     if len(read) != 1:

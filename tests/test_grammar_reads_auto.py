@@ -19,8 +19,14 @@ import random
 from functools import cache
 
 import pytest
-from test_families import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
-from test_grammar_reads import (
+
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.formats import wire_format, wire_formats
+from vllm_allowed_tools.testing.calls import chat_selection
+from vllm_allowed_tools.testing.grammar_read import python_calls
+from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens
+
+from support.grammar_reads import (
     ALLOWED,
     CATALOG,
     SPELLINGS,
@@ -32,12 +38,7 @@ from test_grammar_reads import (
     streamed_calls,
     unary_calls,
 )
-
-from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
-from vllm_allowed_tools.formats import wire_format, wire_formats
-from vllm_allowed_tools.testing.calls import chat_selection
-from vllm_allowed_tools.testing.grammar_read import python_calls
-from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens
+from support.parsers import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
 
 @cache

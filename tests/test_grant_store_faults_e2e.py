@@ -21,10 +21,11 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.testing import reliability as rel
 from vllm_allowed_tools.testing.store_faults import sqlite_locked
+
+from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server
 

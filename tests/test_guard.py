@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,10 +33,11 @@ from vllm_allowed_tools.response import (
     check_responses_object,
 )
 from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, WireAllowlist, rewrite_request
-from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
 
-DATA = Path(__file__).parent / "data" / "guard"
+from support.guard import (DATA, chat_calls, load, renumber, responses_calls, sse_events, stream,
+                           with_reasoning)
+
 NAMES = [tool.name for tool in POOL[:8]]   # the catalog every recording used
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
 RESPONSES_STREAMS = ["responses_stream_parallel", "responses_stream_single", "responses_stream_text",
@@ -46,22 +46,6 @@ CHAT_STREAMS = ["chat_stream_parallel", "chat_stream_single", "chat_stream_auto_
 
 
 # ------------------------------------------------------------------------------------------ helpers
-
-def load(name: str) -> dict[str, Any]:
-    return json.loads((DATA / f"{name}.json").read_text())
-
-
-def sse_events(raw: str | bytes) -> list:
-    framer = SSEFramer()
-    events = framer.feed(raw.encode() if isinstance(raw, str) else raw)
-    assert framer.flush() == b""
-    return events
-
-
-def stream(name: str) -> list[dict[str, Any]]:
-    """The JSON events of a recorded stream (chat: without the final [DONE])."""
-    return [event.json() for event in sse_events(load(name)["sse"]) if event.data != "[DONE]"]
-
 
 def allowlist(*names: str) -> WireAllowlist:
     """A real allowed_tools policy over the recorded catalog, resolved by the request side."""
@@ -84,11 +68,6 @@ def run(guard, events: list[Any]) -> list[Any]:
     return out + guard.finish()
 
 
-def renumber(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{**event, "sequence_number": i} if "sequence_number" in event else event
-            for i, event in enumerate(events)]
-
-
 def scrub(event: dict[str, Any]) -> str:
     """An event as JSON without the request echo (response.tools / tool_choice list the catalog)."""
     event = copy.deepcopy(event)
@@ -97,12 +76,6 @@ def scrub(event: dict[str, Any]) -> str:
         response.pop("tools", None)
         response.pop("tool_choice", None)
     return json.dumps(event, ensure_ascii=False)
-
-
-def responses_calls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The function_call items of a Responses stream, from their output_item.done events."""
-    return [e["item"] for e in events if e["type"] == "response.output_item.done"
-            and e["item"]["type"] == "function_call"]
 
 
 def assert_no_trace(out: list[dict[str, Any]], call: dict[str, Any]) -> None:
@@ -262,54 +235,6 @@ def test_responses_text_then_call():
     assert_no_trace(out, call_events[-1]["item"])
 
 
-def reasoning_events(output_index: int, text: str, item_id: str) -> list[dict[str, Any]]:
-    """A reasoning item exactly as vLLM 0.32's simple streaming path emits it."""
-    part = {"text": text, "type": "reasoning_text"}
-    base = {"output_index": output_index, "item_id": item_id}
-    return [
-        {"type": "response.output_item.added", "sequence_number": -1, "output_index": output_index,
-         "item": {"type": "reasoning", "id": item_id, "summary": [], "status": "in_progress",
-                  "content": None, "encrypted_content": None}},
-        {"type": "response.content_part.added", "sequence_number": -1, **base, "content_index": 0,
-         "part": {"text": "", "type": "reasoning_text"}},
-        *({"type": "response.reasoning_text.delta", "sequence_number": -1, **base, "content_index": 0,
-           "delta": piece} for piece in (text[:4], text[4:])),
-        {"type": "response.reasoning_text.done", "sequence_number": -1, **base, "content_index": 0,
-         "text": text},
-        {"type": "response.content_part.done", "sequence_number": -1, **base, "content_index": 0,
-         "part": part},
-        {"type": "response.output_item.done", "sequence_number": -1, "output_index": output_index,
-         "item": {"type": "reasoning", "id": item_id, "summary": [], "status": "completed",
-                  "content": [part], "encrypted_content": None}},
-    ]
-
-
-def with_reasoning(layout: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(stream, calls): the parallel stream's calls with reasoning items around them."""
-    upstream = stream("responses_stream_parallel")
-    head, final = upstream[:2], copy.deepcopy(upstream[-1])
-    calls_events: list[list[dict[str, Any]]] = [[]]
-    for event in upstream[2:-1]:
-        calls_events[-1].append(event)
-        if event["type"] == "response.output_item.done":
-            calls_events.append([])
-    calls_events.pop()
-    items: list[list[dict[str, Any]]] = []
-    for n, events in enumerate(calls_events):
-        if layout == "before" or (layout == "between" and n > 0):
-            items.append(reasoning_events(0, f"thinking about call {n}", f"rs_{n}"))
-        items.append(events)
-    if layout == "after":
-        items.append(reasoning_events(0, "resumed reasoning after the calls", "rs_after"))
-    flat: list[dict[str, Any]] = []
-    output = []
-    for index, events in enumerate(items):
-        flat += [{**e, "output_index": index} for e in events]
-        output.append(events[-1]["item"])
-    final["response"]["output"] = output
-    return renumber(head + flat + [final]), responses_calls(upstream)
-
-
 @pytest.mark.parametrize("layout", ["before", "between", "after"])
 def test_responses_calls_around_reasoning(layout):
     upstream, calls = with_reasoning(layout)
@@ -456,20 +381,6 @@ def test_responses_custom_tool_call_needs_a_custom_policy():
 
 
 # ----------------------------------------------------------------------------------- Chat streaming
-
-def chat_calls(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """tool index -> {"id", "name", "arguments"} reassembled from chunks (choice 0)."""
-    calls: dict[int, dict[str, Any]] = {}
-    for chunk in chunks:
-        for choice in chunk.get("choices") or []:
-            for call in (choice.get("delta") or {}).get("tool_calls") or []:
-                entry = calls.setdefault(call["index"], {"id": None, "name": "", "arguments": ""})
-                entry["id"] = call.get("id") or entry["id"]
-                fn = call.get("function") or {}
-                entry["name"] += fn.get("name") or ""
-                entry["arguments"] += fn.get("arguments") or ""
-    return calls
-
 
 @pytest.mark.parametrize("name", CHAT_STREAMS)
 def test_chat_allowed_stream_passes_unchanged(name):

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_guard import DATA, load, responses_calls, stream, with_reasoning
 
 from vllm_allowed_tools import metrics
 from vllm_allowed_tools.approvals import ApprovalPolicy, open_engine
@@ -51,6 +50,8 @@ from vllm_allowed_tools.response.contract import NAMES_ONLY, OutputContract
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+
+from support.guard import DATA, load, responses_calls, run_guard, stream, with_reasoning
 
 NAMES = [tool.name for tool in POOL[:8]]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -384,15 +385,6 @@ def call_chunks(calls: list[tuple[str, list[str]]], finish: str = "tool_calls") 
         out += [chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
                 for piece in pieces]
     return out + [chunk({}, finish)]
-
-
-def run_guard(guard, events: list[Any]) -> list[Any]:
-    out = []
-    for event in events:
-        out += guard.feed(event)
-        if guard.terminal:
-            break
-    return out + guard.finish()
 
 
 def assert_chat_error(out: list[dict[str, Any]], reason: str) -> None:

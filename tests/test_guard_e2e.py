@@ -11,10 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.testing.metrics import scrape_metric
 from vllm_allowed_tools.testing.tool_pool import POOL
+
+from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server
 

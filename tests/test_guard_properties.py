@@ -21,11 +21,12 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_guard import chat_calls
 
 from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
+
+from support.guard import chat_calls
 
 DATA = Path(__file__).parent / "data" / "guard"
 NAMES = [tool.name for tool in POOL[:8]]

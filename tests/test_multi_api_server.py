@@ -17,10 +17,10 @@ import httpx
 import openai
 import pytest
 
-from conftest import start_cli_server, stop_cli_server
-from test_serving_e2e import _catalog_and_subset
-
 from vllm_allowed_tools.testing.calls import chat_calls, responses_calls
+
+from support.servers import start_cli_server, stop_cli_server
+from support.serving import catalog_and_subset
 
 pytestmark = pytest.mark.server
 
@@ -59,7 +59,7 @@ def test_policies_hold_across_api_server_processes(two_api_servers):
             break
         addresses: list = []
         http, client = _round_client(two_api_servers, seed, addresses)
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         with http:
             with pytest.raises(openai.BadRequestError):
                 client.chat.completions.create(

@@ -15,10 +15,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.testing.calls import chat_calls
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+
+from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server
 

@@ -35,14 +35,17 @@ import random
 from pathlib import Path
 
 import pytest
-import test_custom_tools_e2e as custom_e2e
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.devtools.prefix import policy_block_offset, render_with_policy
 from vllm_allowed_tools.devtools.render import render_chat
 from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
 from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, ServeTinyProcess
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+
+from support import custom_tools
+from support.families import assert_auto_pushed_calls_only_allowed
+from support.parsers import TWO_TOOLS, format_model, glue, policy_request
+from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server
 
@@ -56,16 +59,9 @@ PARSERS = ["allowed_hermes", "allowed_qwen3_coder", "allowed_llama3_json", "allo
 
 # ----------------------------------------------------------------------------------------- servers
 
-def format_model(parser: str) -> Path:
-    """The tiny random model as serve-tiny serves it for ``parser``: with the format's markers
-    (``<|python_tag|>``, ``[TOOL_CALLS]``) as tokens where vLLM's parser needs them."""
-    from vllm_allowed_tools.testing.format_model import model_for_parser
-    return model_for_parser("random", 0, parser, log=lambda *_: None)
-
-
 def start_parser_server(parser: str, model_dir: Path | None = None,
                         timeout: float = 600.0) -> ServeTinyProcess:
-    """`vllm-allowed-tools serve-tiny --parser PARSER` (conftest's starter, plus a parser); the
+    """`vllm-allowed-tools serve-tiny --parser PARSER` (support/servers.py's starter, plus a parser); the
     scale-out endpoints serve /v1/chat/completions/render."""
     options = ["--parser", parser] + (["--model-dir", str(model_dir)] if model_dir else [])
     return start_cli_server("random", extra_args=["--enable-scale-out"], timeout=timeout,
@@ -142,9 +138,8 @@ def test_auto_mode_never_calls_outside_the_subset(served, api):
 def test_auto_pushed_onto_the_opening_calls_only_allowed_tools(served):
     """Mistral's ``[TOOL_CALLS]`` and the pythonic list's ``[`` hold auto by grammar: pushed onto
     the opening, the model calls, only allowed tools (test_families_e2e's test, on these servers)."""
-    from test_families_e2e import test_auto_pushed_onto_the_opening_calls_only_allowed_tools as pushed
     parser, server, _ = served
-    pushed((parser.removeprefix("allowed_"), server))
+    assert_auto_pushed_calls_only_allowed(parser.removeprefix("allowed_"), server)
 
 
 def test_server_renders_the_template_like_render_py(served):
@@ -209,45 +204,11 @@ def test_base_parsers_refuse_a_tokenizer_without_their_marker_token():
 # The parser wrappers on their own (vLLM imported, no server): deterministic checks of what the
 # sampled end-to-end runs above can only show by chance.
 
-@pytest.fixture(scope="module")
-def glue(tmp_path_factory):
-    """(tokenizer for a parser, request builder) with our parsers registered."""
-    from transformers import AutoTokenizer
-
-    from vllm_allowed_tools.vllm_glue.plugin import register
-
-    register()
-    cache: dict[tuple[str, ...], object] = {}
-
-    def tokenizer_for(parser: str):
-        if parser not in cache:
-            cache[parser] = AutoTokenizer.from_pretrained(str(format_model(parser)))
-        return cache[parser]
-
-    return tokenizer_for
-
-
-def policy_request(mode: str, allowed: list[str], tool_names: list[str], parallel: bool = False):
-    """A ChatCompletionRequest as vLLM sees it after our middleware (policy attached)."""
-    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
-
-    from vllm_allowed_tools.request.rewrite import rewrite_request
-
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
-            "tools": [POOL_BY_NAME[name].chat_tool() for name in tool_names],
-            "parallel_tool_calls": parallel, "tool_choice": chat_selection(mode, allowed)}
-    plain = ChatCompletionRequest(**{**body, "tool_choice": mode})
-    return ChatCompletionRequest(**rewrite_request(body, "chat").body), plain
-
-
 def parser_pair(glue, parser: str):
     from vllm.tool_parsers import ToolParserManager
     tokenizer = glue(parser)
     return (ToolParserManager.get_tool_parser(parser)(tokenizer),
             ToolParserManager.get_tool_parser(parser.removeprefix("allowed_"))(tokenizer))
-
-
-TWO_TOOLS = ["get_ticket", "delete_note"]   # both take one enum argument, `priority`
 
 
 @pytest.mark.parametrize("parser,model,template", [
@@ -358,18 +319,18 @@ def test_policy_keeps_the_base_parsers_detokenizer_settings(glue, parser, mode):
 # ------------------------------------------------------ a custom grammar tool on an XML format
 
 @pytest.mark.parametrize("served", ["allowed_qwen3_coder"], indirect=True)   # that server, once
-@pytest.mark.parametrize("seed", custom_e2e.SEEDS)
+@pytest.mark.parametrize("seed", custom_tools.SEEDS)
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "streamed"])
 def test_a_selected_custom_tool_is_called_with_an_input_its_grammar_admits(served, seed, stream):
     """tests/test_custom_tools_e2e.py's required custom-tool turn on qwen3_coder, where the input is
     the raw parameter value."""
     _, server, _ = served
     if not stream:
-        response = custom_e2e.unary(server, custom_e2e.request_body(seed, False))
-        custom_e2e.the_one_custom_call(response)
+        response = custom_tools.unary(server, custom_tools.request_body(seed, False))
+        custom_tools.the_one_custom_call(response)
         return
-    events = custom_e2e.streamed(server, custom_e2e.request_body(seed, True))
+    events = custom_tools.streamed(server, custom_tools.request_body(seed, True))
     assert events[-1]["type"] == "response.completed", events[-1]
-    call = custom_e2e.the_one_custom_call(events[-1]["response"])
+    call = custom_tools.the_one_custom_call(events[-1]["response"])
     deltas = "".join(e["delta"] for e in events if e["type"] == "response.custom_tool_call_input.delta")
     assert deltas == call["input"], events

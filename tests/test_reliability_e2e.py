@@ -24,9 +24,10 @@ import uuid
 
 import httpx
 import pytest
-from conftest import start_cli_server, stop_cli_server
 
 from vllm_allowed_tools.testing import reliability as rel
+
+from support.servers import start_cli_server, stop_cli_server
 
 FUZZ_EXAMPLES = int(os.environ.get("VLLM_ALLOWED_TOOLS_FUZZ_EXAMPLES", "200"))
 LOAD_REQUESTS = int(os.environ.get("VLLM_ALLOWED_TOOLS_LOAD_REQUESTS", "24"))

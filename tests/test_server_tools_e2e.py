@@ -6,7 +6,7 @@ Real parts: a local MCP server over SSE named ``container`` (``testing/mcp_serve
 gpt-oss, ``vllm-allowed-tools serve-tiny --parser allowed_openai --one-flag -- --tool-server
 127.0.0.1:PORT``, the official ``openai`` SDK. Every assertion about what ran is on the MCP server's
 own log. The model is held to the call by the plugin's own grammar (``allowed_tools`` naming the
-mcp tool), the marker nudges of ``test_gpt_oss_e2e`` and a ``seed``.
+mcp tool), the marker nudges of ``support/gpt_oss.py`` and a ``seed``.
 
 Two more MCP servers, ``python`` and ``browser`` (the tools vLLM's python and browser built-ins
 call, logging to the same file), sit behind the same ``--tool-server`` list. The last part sends
@@ -33,11 +33,12 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import start_cli_server, stop_cli_server
-from test_gpt_oss_e2e import nudges
 
 from vllm_allowed_tools.testing.reliability.kill import kill_server_hard
 from vllm_allowed_tools.testing.server import free_port
+
+from support.gpt_oss import nudges
+from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server
 

@@ -8,7 +8,6 @@ the same test), so a green auto-mode test is not hollow.
 from __future__ import annotations
 
 import json
-import random
 
 import httpx
 import openai
@@ -21,17 +20,13 @@ from vllm_allowed_tools.testing.calls import (
     responses_selection,
 )
 from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME, sample_catalog
+from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+
+from support.serving import catalog_and_subset, happy_model_violation_figures
 
 pytestmark = pytest.mark.server
 
 SEEDS = range(6)
-
-
-def _catalog_and_subset(seed: int) -> tuple[list, list[str]]:
-    rng = random.Random(seed)
-    catalog = sample_catalog(rng, 8)
-    return catalog, [tool.name for tool in rng.sample(catalog, 2)]
 
 
 # --------------------------------------------------------------------------- required mode
@@ -40,7 +35,7 @@ def _catalog_and_subset(seed: int) -> tuple[list, list[str]]:
 def test_required_mode_chat_only_allowed_calls(random_server, stream):
     client = random_server.client()
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, text, _ = chat_calls(client, catalog, "required", allowed, seed, stream=stream)
         assert len(calls) == 1, (seed, calls, text)
         name, arguments = calls[0]
@@ -52,7 +47,7 @@ def test_required_mode_chat_only_allowed_calls(random_server, stream):
 def test_required_mode_responses_only_allowed_calls(random_server, stream):
     client = random_server.client()
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, text, response = responses_calls(client, catalog, "required", allowed, seed, stream=stream)
         assert len(calls) == 1, (seed, calls, text)
         name, arguments, _ = calls[0]
@@ -68,7 +63,7 @@ def test_parallel_calls_allowed_are_all_in_subset(random_server):
     client = random_server.client()
     seen = 0
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, parallel=True,
                                       max_tokens=200)
         seen += len(calls)
@@ -79,7 +74,7 @@ def test_parallel_calls_allowed_are_all_in_subset(random_server):
 def test_unary_and_streaming_produce_the_same_calls(random_server):
     client = random_server.client()
     for seed in SEEDS[:3]:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         unary, _, _ = chat_calls(client, catalog, "required", allowed, seed)
         streamed, _, _ = chat_calls(client, catalog, "required", allowed, seed, stream=True)
         assert [(n, json.loads(a)) for n, a in unary] == [(n, json.loads(a)) for n, a in streamed]
@@ -95,7 +90,7 @@ def test_auto_mode_never_calls_outside_subset_random(random_server, stream):
     client = random_server.client()
     text_only = 0
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, text, _ = chat_calls(client, catalog, "auto", allowed, seed, stream=stream, max_tokens=60)
         assert all(name in allowed for name, _ in calls), (seed, calls)
         r_calls, r_text, _ = responses_calls(client, catalog, "auto", allowed, seed, stream=stream,
@@ -103,34 +98,6 @@ def test_auto_mode_never_calls_outside_subset_random(random_server, stream):
         assert all(name in allowed for name, _, _ in r_calls), (seed, r_calls)
         text_only += (not calls and bool(text)) + (not r_calls and bool(r_text))
     assert text_only > 0, "auto mode must still allow a text-only answer"
-
-
-def happy_model_violation_figures(client, trials: int) -> dict:
-    """Same prompts, with and without the policy, against the tool-happy model: how often a
-    response calls outside a 2-of-8 allowlist on its own, and with the policy in auto mode."""
-    without, with_policy, calls_with = 0, 0, 0
-    for seed in range(trials):
-        catalog, allowed = _catalog_and_subset(100 + seed)
-        messages = [{"role": "system", "content": "You are a helpful agent."},
-                    {"role": "user", "content": "Go ahead."}]
-        tools = [tool.chat_tool() for tool in catalog]
-        plain = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
-                                               max_tokens=60, temperature=1.0, seed=seed)
-        names = [c.function.name for c in plain.choices[0].message.tool_calls or []]
-        without += any(name not in allowed for name in names)
-        governed = client.chat.completions.create(model="tiny", messages=messages, tools=tools,
-                                                  tool_choice=chat_selection("auto", allowed),
-                                                  max_tokens=60, temperature=1.0, seed=seed)
-        names = [c.function.name for c in governed.choices[0].message.tool_calls or []]
-        calls_with += bool(names)
-        with_policy += any(name not in allowed for name in names)
-    figures = {"trials": trials, "violation_rate_without_policy": without / trials,
-               "violation_rate_with_policy": with_policy / trials,
-               "responses_with_allowed_calls": calls_with / trials}
-    print(json.dumps(figures))
-    assert figures["violation_rate_without_policy"] >= 0.5, \
-        "the adversary got weak: the test would be hollow"
-    return figures
 
 
 def test_auto_mode_holds_against_the_tool_happy_model(happy_server):
@@ -147,7 +114,7 @@ def test_auto_mode_holds_against_the_tool_happy_model(happy_server):
 def test_parallel_false_never_more_than_one_call(random_server, stream):
     client = random_server.client()
     for seed in SEEDS:
-        catalog, allowed = _catalog_and_subset(seed)
+        catalog, allowed = catalog_and_subset(seed)
         calls, _, _ = responses_calls(client, catalog, "required", allowed, seed, stream=stream,
                                       parallel=False, max_tokens=200)
         assert len(calls) == 1, calls   # required: one, and not more
@@ -287,7 +254,7 @@ def test_responses_objects_and_events_validate_against_sdk_types(random_server, 
     from openai.types.responses import Response, ResponseStreamEvent
     from pydantic import TypeAdapter
     event_adapter = TypeAdapter(ResponseStreamEvent)
-    catalog, allowed = _catalog_and_subset(11)
+    catalog, allowed = catalog_and_subset(11)
     body = {"model": "tiny", "input": "Go ahead.", "tools": [t.responses_tool() for t in catalog],
             "tool_choice": responses_selection(mode, allowed), "max_output_tokens": 60,
             "parallel_tool_calls": False, "temperature": 1.0, "seed": 3}
@@ -310,7 +277,7 @@ def test_responses_objects_and_events_validate_against_sdk_types(random_server, 
 @pytest.mark.parametrize("mode", ["auto", "required"])
 def test_chat_objects_and_chunks_validate_against_sdk_types(random_server, mode):
     from openai.types.chat import ChatCompletion, ChatCompletionChunk
-    catalog, allowed = _catalog_and_subset(12)
+    catalog, allowed = catalog_and_subset(12)
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Go ahead."}],
             "tools": [t.chat_tool() for t in catalog], "tool_choice": chat_selection(mode, allowed),
             "max_tokens": 60, "parallel_tool_calls": False, "temperature": 1.0, "seed": 3}

@@ -8,8 +8,8 @@ serving layer drives it (``parse`` / ``parse_delta``), with the stop token as th
 from __future__ import annotations
 
 import pytest
-from test_call_markup import served, unary
-from test_parsers_e2e import TWO_TOOLS, glue, policy_request  # noqa: F401 (glue: a fixture)
+
+from support.parsers import TWO_TOOLS, glue, policy_request, served, unary  # noqa: F401 (glue: a fixture)
 
 DEEPSEEK = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_ticket\n```json\n"
             "{\"priority\": \"high\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")

@@ -21,7 +21,8 @@ grow every turn.
 from __future__ import annotations
 
 import pytest
-from conftest import load_script
+
+from support.servers import load_script
 
 pytestmark = pytest.mark.server
 
