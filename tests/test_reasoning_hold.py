@@ -25,7 +25,7 @@ xgr = pytest.importorskip("xgrammar")
 
 from vllm_allowed_tools.decode.call_budget import minimal_json, reserve_tokens, shortest_call_text
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
-from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
+from vllm_allowed_tools.decode.masks import MaskedBatch
 from vllm_allowed_tools.decode.reasoning_hold import (
     BAN_STOPS,
     END_REASONING,
@@ -37,6 +37,8 @@ from vllm_allowed_tools.decode.reasoning_hold import (
 )
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.decode.stage import ConstraintArgsError, read_extra_args
+
+from support.reasoning import compiled_grammars, reasoning_gate, tiny_tokenizer
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -119,27 +121,17 @@ def test_the_shortest_call_is_one_the_grammar_admits_and_completes(fmt):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-    return AutoTokenizer.from_pretrained(str(ensure_model("thinking", log=lambda *_: None)))
+    return tiny_tokenizer("thinking")
 
 
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
-    return CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)))
-
-
-def _gate(tokenizer, parser: str):
-    from vllm.reasoning import ReasoningParserManager
-
-    from vllm_allowed_tools.vllm_glue.logits_processor import _VllmReasoningGate
-    return _VllmReasoningGate(ReasoningParserManager.get_reasoning_parser(parser)(tokenizer=tokenizer))
+    return compiled_grammars(tokenizer)
 
 
 @pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
 def gate(request, tokenizer):
-    return _gate(tokenizer, request.param)
+    return reasoning_gate(tokenizer, request.param)
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -294,7 +286,6 @@ def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call()
     import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony tag builder)
 
     from vllm_allowed_tools.decode.call_budget import shortest_call_text
-    from vllm_allowed_tools.request.rewrite import WireAllowlist
     from vllm_allowed_tools.vllm_glue.plugin import register
     from vllm_allowed_tools.vllm_glue.turn_grammar import HARMONY_PREAMBLE_MARKUP, preambles_within_budget
 

@@ -22,9 +22,11 @@ torch = pytest.importorskip("torch")
 xgr = pytest.importorskip("xgrammar")
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
-from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
+from vllm_allowed_tools.decode.masks import MaskedBatch
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.decode.stage import read_extra_args
+
+from support.reasoning import compiled_grammars, reasoning_gate, tiny_tokenizer
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -33,27 +35,17 @@ FUNCTIONS = [AllowedFunction(f"tool_{i}", SCHEMA, strict=True) for i in range(4)
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from transformers import AutoTokenizer
-
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-    return AutoTokenizer.from_pretrained(str(ensure_model("random", log=lambda *_: None)))
+    return tiny_tokenizer("random")
 
 
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
-    return CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)))
-
-
-def _gate(tokenizer, parser: str):
-    from vllm.reasoning import ReasoningParserManager
-
-    from vllm_allowed_tools.vllm_glue.logits_processor import _VllmReasoningGate
-    return _VllmReasoningGate(ReasoningParserManager.get_reasoning_parser(parser)(tokenizer=tokenizer))
+    return compiled_grammars(tokenizer)
 
 
 @pytest.fixture(scope="module", params=["qwen3", "deepseek_r1", "glm45", "kimi_k2", "minimax_m2"])
 def gate(request, tokenizer):
-    return _gate(tokenizer, request.param)
+    return reasoning_gate(tokenizer, request.param)
 
 
 def _grammar(names=("tool_1",), mode="required"):
@@ -102,7 +94,7 @@ def test_an_implicit_end_is_the_grammars_first_token(tokenizer, grammars):
     """qwen3 ends reasoning at a ``<tool_call>`` written inside it: the matcher takes that token
     (vLLM's ``ReasoningEnd.implicit``), so the call after it is constrained."""
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
-    batch = MaskedBatch(grammars, vocab, max_rows=1, reasoning=_gate(tokenizer, "qwen3"))
+    batch = MaskedBatch(grammars, vocab, max_rows=1, reasoning=reasoning_gate(tokenizer, "qwen3"))
     output = _ids(tokenizer, "<think>\nhmm")
     batch.add(0, _grammar(), output, [eos], _ids(tokenizer, PROMPT))
     assert _allowed(batch, 0, vocab) is None
@@ -195,5 +187,5 @@ def test_earlier_turns_reasoning_in_the_prompt(tokenizer, grammars):
     vLLM's structured-output manager does (the gate decides what vLLM decides)."""
     prompt = _ids(tokenizer, "<|im_start|>assistant\n<think>\nold\n</think>\n\n<tool_call>\n{}\n"
                              "</tool_call><|im_end|>\n" + PROMPT)
-    assert not _gate(tokenizer, "qwen3").ended_in_prompt(prompt)
-    assert _gate(tokenizer, "deepseek_r1").ended_in_prompt(prompt)
+    assert not reasoning_gate(tokenizer, "qwen3").ended_in_prompt(prompt)
+    assert reasoning_gate(tokenizer, "deepseek_r1").ended_in_prompt(prompt)
