@@ -9,13 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..call_filter import CallFilter, CallKind
-from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError
+from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError, is_name, malformed, type_name
 from ..metrics import record_invalid_selection
 from .catalog import Api, Catalog, index_by_flat_name, parse_catalog, specs_digest
 from .identity import FunctionSpec, ToolIdentity
 from .digest import value_digest
 from .json_text import copy_json
-from .messages import is_name, malformed, type_name
 from .selection import Mode, read_selection, resolve_chat_custom_choice
 
 __all__ = ["Choice", "TurnAllowlist", "allowlist_digest", "resolve_allowlist",

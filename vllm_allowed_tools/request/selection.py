@@ -9,10 +9,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import CODE_INVALID_ALLOWED_TOOLS, InvalidSelectionError
+from ..errors import (
+    ABSENT,
+    CODE_INVALID_ALLOWED_TOOLS,
+    InvalidSelectionError,
+    is_name,
+    names_list,
+    quote,
+    type_name,
+)
 from .catalog import Api, Catalog
 from .identity import ToolIdentity, ToolKind, flat_name
-from .messages import ABSENT, is_name, names_list, quote, type_name
 
 __all__ = ["MODES", "Mode", "Selection", "read_selection", "resolve_chat_custom_choice"]
 

@@ -15,8 +15,7 @@ from typing import Any
 from ..approvals.errors import ApprovalInputError
 from ..approvals.outcomes import Decline, Rejected, Release, Replayed
 from ..approvals.wire import principal_from_headers, session_of
-from ..errors import AllowedToolsError
-from ..request.messages import quote, type_name
+from ..errors import AllowedToolsError, quote, type_name
 from ..settings import current
 from .tools import (
     CODE_INVALID_SERVER_TOOL,
