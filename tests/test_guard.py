@@ -33,9 +33,10 @@ from vllm_allowed_tools.response import (
     check_chat_completion,
     check_responses_object,
 )
-from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, WireAllowlist, rewrite_request
+from vllm_allowed_tools.request.rewrite import rewrite_request
 from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.testing.tool_pool import POOL
+from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
 DATA = Path(__file__).parent / "data" / "guard"
 NAMES = [tool.name for tool in POOL[:8]]   # the catalog every recording used

@@ -29,7 +29,6 @@ from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
 from vllm_allowed_tools.decode.reasoning_hold import (
     BAN_STOPS,
     END_REASONING,
-    XARGS_MUST_CALL,
     must_end_reasoning,
     next_step,
     read_must_call,
@@ -37,6 +36,7 @@ from vllm_allowed_tools.decode.reasoning_hold import (
 )
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.decode.stage import ConstraintArgsError, read_extra_args
+from vllm_allowed_tools.wire import XARGS_MUST_CALL
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -294,7 +294,7 @@ def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call()
     import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony tag builder)
 
     from vllm_allowed_tools.decode.call_budget import shortest_call_text
-    from vllm_allowed_tools.request.rewrite import WireAllowlist
+    from vllm_allowed_tools.wire import WireAllowlist
     from vllm_allowed_tools.vllm_glue.plugin import register
     from vllm_allowed_tools.vllm_glue.turn_grammar import HARMONY_PREAMBLE_MARKUP, preambles_within_budget
 

@@ -14,10 +14,9 @@ from typing import Any
 from ..decode.argument_schemas import every_tool_held, held_to_schema
 from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
 from ..decode.split import split_for_request
-from ..decode.stage import XARGS_DIGEST, XARGS_TAG
 from ..request.custom_tools import input_grammar
-from ..request.rewrite import WireAllowlist
 from ..settings import current
+from ..wire import XARGS_DIGEST, XARGS_MUST_CALL, XARGS_TAG, WireAllowlist
 from .capabilities import json_schema_stays_native
 
 logger = logging.getLogger(__name__)
@@ -193,7 +192,6 @@ def mark_must_call(request, allowlist: WireAllowlist | None, tokenizer) -> None:
     """A turn that must call carries the reserve of its shortest call to the logits processor
     (both stages): while it reasons it cannot stop, and its reasoning ends while the budget holds
     the call (:mod:`..decode.reasoning_hold`)."""
-    from ..decode.reasoning_hold import XARGS_MUST_CALL
     # include_reasoning: false constrains a Chat turn from its first token on the native stage,
     # where a hold (which sees the reasoning as open) would refuse the stop after the call
     if not must_call(request, allowlist) or getattr(request, "include_reasoning", True) is False:
