@@ -294,9 +294,9 @@ def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call()
     import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony tag builder)
 
     from vllm_allowed_tools.decode.call_budget import shortest_call_text
-    from vllm_allowed_tools.wire import WireAllowlist
     from vllm_allowed_tools.vllm_glue.plugin import register
     from vllm_allowed_tools.vllm_glue.turn_grammar import HARMONY_PREAMBLE_MARKUP, preambles_within_budget
+    from vllm_allowed_tools.wire import WireAllowlist
 
     register()
     schema = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}

@@ -1,25 +1,6 @@
-"""The request→vLLM contract: what the middleware writes into a request for the code that runs
-inside vLLM, and the names both sides read it by.
-
-The middleware (plain ASGI, in the API-server process) and our code inside vLLM share no state; they
-agree on this module and nothing else:
-
-* the turn's allowlist rides in the request body under :data:`ALLOWLIST_KEY`
-  (:func:`allowlist_to_wire`), where vLLM keeps it in ``request.model_extra`` and our parser
-  wrappers read it back as a :class:`WireAllowlist`;
-* the parser wrappers put the turn's grammar and a must-call turn's reserve into ``vllm_xargs``
-  under :data:`XARGS_KEYS`; vLLM hands them to the engine process as ``SamplingParams.extra_args``,
-  where our logits processor reads them (:mod:`.decode.stage`, :mod:`.decode.reasoning_hold`).
-
-Every key here is removed from a client's request first (``request/rewrite.py``), so only the
-plugin sets them. The allowlist carries :data:`WIRE_VERSION`: the reader knows which
-shape it was written in, and one of another version is read as no allowlist
-(:meth:`WireAllowlist.from_wire` gives None) instead of field by field as if it were its own; a
-change to a field's meaning bumps it.
-
-Light on purpose (the standard library and :mod:`.call_filter`, nothing from the role folders): the
-request path and the engine's worker both import it without loading each other.
-"""
+"""The turn's allowlist as it rides in the request body (:data:`ALLOWLIST_KEY`): written by the
+middleware (:func:`allowlist_to_wire`), read back by our parser wrappers inside vLLM
+(:class:`WireAllowlist`), with the version of its shape (:data:`WIRE_VERSION`)."""
 
 from __future__ import annotations
 
@@ -27,47 +8,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .call_filter import CallFilter, CallKind
-
-__all__ = [
-    "ALLOWLIST_KEY",
-    "WIRE_VERSION",
-    "XARGS_CATALOG",
-    "XARGS_CATALOG_DIGEST",
-    "XARGS_DIGEST",
-    "XARGS_ENVELOPE",
-    "XARGS_ENVELOPE_DIGEST",
-    "XARGS_GRAMMAR_KEYS",
-    "XARGS_KEYS",
-    "XARGS_MUST_CALL",
-    "XARGS_SPLIT_KEYS",
-    "XARGS_TAG",
-    "WireAllowlist",
-    "allowlist_to_wire",
-    "no_function_wire",
-    "with_server_recipients",
-]
+from ..call_filter import CallFilter, CallKind
 
 #: the body key under which the turn's allowlist travels to our parsers (``request.model_extra``)
 ALLOWLIST_KEY = "vllm_allowed_tools"
 WIRE_VERSION = 1
-
-#: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
-XARGS_TAG = "vllm_allowed_tools_tag"
-XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
-#: optional, together: the same grammar split into the catalog's grammar and the subset's envelope
-#: (:mod:`.decode.split`), each JSON with its sha256
-XARGS_CATALOG = "vllm_allowed_tools_catalog_tag"
-XARGS_CATALOG_DIGEST = "vllm_allowed_tools_catalog_tag_digest"
-XARGS_ENVELOPE = "vllm_allowed_tools_envelope_tag"
-XARGS_ENVELOPE_DIGEST = "vllm_allowed_tools_envelope_tag_digest"
-XARGS_SPLIT_KEYS = (XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST)
-#: the keys of the grammar a request carries to the logits-processor stage
-XARGS_GRAMMAR_KEYS = (XARGS_TAG, XARGS_DIGEST, *XARGS_SPLIT_KEYS)
-#: ``extra_args`` key of a turn that must call: the tokens to keep for its shortest call
-XARGS_MUST_CALL = "vllm_allowed_tools_must_call"
-#: every ``extra_args`` key of ours: set by the parser wrapper only, never by a client
-XARGS_KEYS = (*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL)
 
 
 class _CatalogTool(Protocol):
