@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from vllm_allowed_tools.response import ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
-from vllm_allowed_tools.request.rewrite import WireAllowlist
 from vllm_allowed_tools.response.sse import SSEFramer
+from vllm_allowed_tools.wire import WireAllowlist
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "guard"
 

@@ -9,7 +9,7 @@ import pytest
 
 from vllm_allowed_tools.errors import InvalidSelectionError
 from vllm_allowed_tools.request import resolve_allowlist
-from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, WireAllowlist, rewrite_request
+from vllm_allowed_tools.request.rewrite import rewrite_request
 from vllm_allowed_tools.response import (
     AllowedNames,
     AllowedToolsViolation,
@@ -18,6 +18,7 @@ from vllm_allowed_tools.response import (
 )
 from vllm_allowed_tools.response.calls import BUILTIN_CALLS
 from vllm_allowed_tools.testing.tool_pool import POOL
+from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
 FUNCTIONS = [tool.responses_tool() for tool in POOL[:3]]
 BROWSER = {"type": "web_search_preview"}

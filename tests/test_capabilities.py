@@ -412,7 +412,7 @@ def test_the_parser_leaves_a_native_json_schema_and_moves_the_rest(monkeypatch):
 
     from vllm.sampling_params import StructuredOutputsParams
 
-    from vllm_allowed_tools.decode.stage import XARGS_TAG
+    from vllm_allowed_tools.wire import XARGS_TAG
     from vllm_allowed_tools.vllm_glue import capabilities, turn_grammar
     schema = _tool_array(ENUM)
     for active, moved in ((ServerCapabilities("logits-processor", "outlines"), False),

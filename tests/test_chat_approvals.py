@@ -16,11 +16,11 @@ from vllm_allowed_tools.approvals.chat import CODE_TOOL_NEEDS_APPROVAL, ChatAppr
     decide_chat_turn
 from vllm_allowed_tools.approvals.engine import ProposedCall
 from vllm_allowed_tools.request import resolve_allowlist
-from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, TEMPLATE_KWARG, narrow_allowlist, \
-    rewrite_request
+from vllm_allowed_tools.request.rewrite import TEMPLATE_KWARG, narrow_allowlist, rewrite_request
 from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, check_chat_completion
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.wire import ALLOWLIST_KEY
 
 GATED, FREE, BOUND = "send_email", "get_weather", "delete_file"
 POLICY = {"rules": [

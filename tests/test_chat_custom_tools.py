@@ -15,7 +15,7 @@ from vllm_allowed_tools.asgi.middleware import _output_contract, _output_filter
 from vllm_allowed_tools.errors import AllowedToolsError, CapabilityError, InvalidSelectionError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
 from vllm_allowed_tools.request.identity import custom_parameters
-from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, WireAllowlist, rewrite_request
+from vllm_allowed_tools.request.rewrite import rewrite_request
 from vllm_allowed_tools.response import ChatStreamGuard
 from vllm_allowed_tools.response.chat_custom import (
     ChatCustomStream,
@@ -26,6 +26,7 @@ from vllm_allowed_tools.response.chat_custom import (
 from vllm_allowed_tools.response.unary import check_chat_completion
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
 from vllm_allowed_tools.testing.grammar_read import tag_nodes
+from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
 from support.guard import run_guard
 

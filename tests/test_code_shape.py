@@ -165,3 +165,73 @@ def test_the_test_import_scan_finds_every_kind_of_import() -> None:
               "from support import servers\n")
     assert _test_module_imports(source) == ["1: test_a", "2: test_b", "3: test_c", "4: conftest",
                                             "6: test_d", "8: conftest"]
+
+def test_the_wire_package_sits_at_the_bottom() -> None:
+    """wire/ is what the API-server process and the engine agree on: it imports nothing from the role
+    folders (only call_filter.py and errors.py, which import nothing of the package), so both sides
+    load it without loading each other."""
+    allowed = {"call_filter.py", "errors.py"}
+    reaching = {str(p.relative_to(PACKAGE)): sorted(m for m in _package_imports(p)
+                                                    if m not in allowed and not m.startswith("wire/"))
+                for p in sorted((PACKAGE / "wire").glob("*.py"))}
+    reaching = {module: found for module, found in reaching.items() if found}
+    assert not reaching, f"wire/ modules that import the role folders: {reaching}"
+    assert all(not _package_imports(PACKAGE / module) for module in allowed)
+
+
+#: the reads of ``tool_choice`` outside wire/ (which parses it), each as (module, expression): none
+#: parses it; each only passes the value on or reads back what the plugin wrote. testing/ is left out:
+#: its clients read the bodies they built and the echoes they got back, as any client does.
+TOOL_CHOICE_READS = {
+    ("request/rewrite.py", 'body.get("tool_choice")'):
+        "the client's own choice, kept as sent to be echoed back (echo_of, restore_echo)",
+    ("response/openai_extensions.py", 'response.get("tool_choice")'):
+        "a Responses object's echo of the choice, reshaped for the conformance check: an answer",
+    ("vllm_glue/parsers.py", "request.tool_choice"):
+        "the mode the middleware itself wrote (TurnAllowlist.internal_tool_choice), read back to "
+        "hand vLLM's JSON-array reader an auto turn",
+}
+
+
+def _tool_choice_reads(source: str) -> list[str]:
+    """The expressions in ``source`` that read a ``tool_choice`` field: ``x.get("tool_choice")``
+    (or ``pop``), ``x["tool_choice"]``, ``getattr(x, "tool_choice", ...)``, ``x.tool_choice``;
+    writes are not reads."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("get", "pop") and _is_key(node.args[0]):
+            found.append(node)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "getattr" and len(node.args) > 1 and _is_key(node.args[1]):
+            found.append(node)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and _is_key(node.slice):
+            found.append(node)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) \
+                and node.attr == "tool_choice":
+            found.append(node)
+    return [ast.get_source_segment(source, node) or "" for node in found]
+
+
+def _is_key(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and node.value == "tool_choice"
+
+
+def test_the_tool_choice_scan_finds_reads_not_writes() -> None:
+    source = ('a = body.get("tool_choice")\nb = body["tool_choice"]\nc = getattr(r, "tool_choice", None)\n'
+              'd = r.tool_choice == "required"\nbody["tool_choice"] = "auto"\nr.tool_choice = "auto"\n'
+              'e = {"tool_choice": 1}\n"""a docstring naming request.tool_choice"""\n')
+    assert sorted(_tool_choice_reads(source)) == sorted([
+        'body.get("tool_choice")', 'body["tool_choice"]', 'getattr(r, "tool_choice", None)',
+        "r.tool_choice"])
+
+
+def test_only_the_wire_package_reads_tool_choice() -> None:
+    """One parser of the client's ``tool_choice`` (wire/tool_choice.py): any other module that reads
+    the field is a second parser, with its own idea of the shapes and its own error texts."""
+    reads = sorted((str(p.relative_to(PACKAGE)), expression) for p in _modules()
+                   if p.relative_to(PACKAGE).parts[0] not in ("wire", "testing")
+                   for expression in _tool_choice_reads(p.read_text()))
+    assert reads == sorted(TOOL_CHOICE_READS), (
+        "tool_choice is read outside wire/ (read it with wire.read_tool_choice / tool_choice_of, or "
+        f"list a pass-through in TOOL_CHOICE_READS with its reason): {reads}")

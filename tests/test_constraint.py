@@ -21,13 +21,7 @@ xgr = pytest.importorskip("xgrammar")
 
 from vllm_allowed_tools.decode import cpu_mask
 from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
-from vllm_allowed_tools.decode.stage import (
-    XARGS_DIGEST,
-    XARGS_TAG,
-    ConstraintArgsError,
-    choose_stage,
-    read_extra_args,
-)
+from vllm_allowed_tools.decode.stage import ConstraintArgsError, choose_stage, read_extra_args
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.decode.grammar import (
@@ -40,6 +34,7 @@ from vllm_allowed_tools.decode.grammar import (
     clear_tag_cache,
     tag_cache_stats,
 )
+from vllm_allowed_tools.wire import XARGS_DIGEST, XARGS_TAG
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}

@@ -223,7 +223,8 @@ def test_a_plain_auto_turn_decodes_custom_calls_held_to_their_grammar():
     grammar, so a model can call them at all, and only with an input the grammar admits."""
     from vllm_allowed_tools.decode.grammar import turn_tag
     from vllm_allowed_tools.request.custom_tools import input_grammar
-    from vllm_allowed_tools.request.rewrite import WireAllowlist, constrain_to_catalog
+    from vllm_allowed_tools.request.rewrite import constrain_to_catalog
+    from vllm_allowed_tools.wire import WireAllowlist
     rewritten = constrain_to_catalog(rewrite_request(body(EXEC, APPLY_PATCH, NOTE), "responses"), "responses")
     wire = WireAllowlist.from_wire(rewritten.body["vllm_allowed_tools"])
     assert wire.allowed == {"exec_command", "apply_patch", "note"} and wire.mode == "auto"

@@ -204,7 +204,7 @@ def test_allowed_tools_selects_custom_tools_as_custom_tools_only(mode):
     assert wire["custom"] == {"apply_patch": ["lark", PATCH_GRAMMAR], "pin": ["regex", "[0-9]{4}"], "note": None}
     assert rewritten.body["tool_choice"] == mode
     assert rewritten.body["chat_template_kwargs"]["allowed_tools_policy"]["names"] == ["apply_patch", "note"]
-    from vllm_allowed_tools.request.rewrite import WireAllowlist
+    from vllm_allowed_tools.wire import WireAllowlist
     parsed = WireAllowlist.from_wire(wire)
     assert parsed.allows("custom", "apply_patch") and not parsed.allows("function", "apply_patch")
     assert not parsed.allows("custom", "pin") and parsed.knows("custom", "pin")

@@ -21,10 +21,11 @@ from vllm_allowed_tools.request.placement import (
     place_policy,
     policy_text,
 )
-from vllm_allowed_tools.request.rewrite import ALLOWLIST_KEY, echo_of, restore_echo, rewrite_request
+from vllm_allowed_tools.request.rewrite import echo_of, restore_echo, rewrite_request
 from vllm_allowed_tools.request.template_probe import check_placement, check_user_turn, probe_template
 from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.vllm_glue.plugin import MIDDLEWARE, with_our_middleware
+from vllm_allowed_tools.wire import ALLOWLIST_KEY
 
 NO_SETTINGS = Settings.from_environ({})   # an environment with none of our variables
 

@@ -29,7 +29,6 @@ from vllm_allowed_tools.decode.masks import MaskedBatch
 from vllm_allowed_tools.decode.reasoning_hold import (
     BAN_STOPS,
     END_REASONING,
-    XARGS_MUST_CALL,
     must_end_reasoning,
     next_step,
     read_must_call,
@@ -37,6 +36,7 @@ from vllm_allowed_tools.decode.reasoning_hold import (
 )
 from vllm_allowed_tools.decode.split import constraint_extra_args
 from vllm_allowed_tools.decode.stage import ConstraintArgsError, read_extra_args
+from vllm_allowed_tools.wire import XARGS_MUST_CALL
 
 from support.reasoning import compiled_grammars, reasoning_gate, tiny_tokenizer
 
@@ -288,6 +288,7 @@ def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call()
     from vllm_allowed_tools.decode.call_budget import shortest_call_text
     from vllm_allowed_tools.vllm_glue.plugin import register
     from vllm_allowed_tools.vllm_glue.turn_grammar import HARMONY_PREAMBLE_MARKUP, preambles_within_budget
+    from vllm_allowed_tools.wire import WireAllowlist
 
     register()
     schema = {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]}

@@ -276,7 +276,8 @@ def test_a_required_turn_is_required_once_in_vllms_loop(stage):
     """After a call ran, the SamplingParams vLLM's loop reuses carry the turn's auto grammar."""
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-    from vllm_allowed_tools.decode.stage import XARGS_DIGEST, XARGS_TAG, tag_digest
+    from vllm_allowed_tools.decode.stage import tag_digest
+    from vllm_allowed_tools.wire import XARGS_DIGEST, XARGS_TAG
     from vllm_allowed_tools.vllm_glue.server_tool_hook import _relax_after_a_call
 
     turn = SimpleNamespace(sampling_params=None, grammar_after_a_call='{"auto": 1}')

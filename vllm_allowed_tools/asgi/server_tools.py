@@ -31,24 +31,19 @@ def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filt
     """The request with the server-side turn's token and the recipients the grammar admits; the
     guard's filter admitting the allowed server-side call items (no function when the selection
     named server-side tools only); a required turn satisfied by a server-side call too."""
-    from ..request.rewrite import ALLOWLIST_KEY
     from ..server_tools.turn import TURN_KEY
+    from ..wire import ALLOWLIST_KEY, no_function_wire, with_server_recipients
     body = dict(rewritten.body)
     body[TURN_KEY] = server.turn.token
     selection = server.selection
     if selection is not None and selection.entries:
-        recipients = [list(r) for r in selection.recipients(server.turn.tools)]
         wire = body.get(ALLOWLIST_KEY)
         if server.only_server or not isinstance(wire, dict):
-            names = sorted(t["name"] for t in body.get("tools") or ()
-                           if isinstance(t, dict) and t.get("type") == "function"
-                           and isinstance(t.get("name"), str))
-            wire = {"v": 1, "api": "responses", "choice": "allowed", "mode": selection.mode,
-                    "allowed": [], "catalog": names,
-                    "parallel_tool_calls": body.get("parallel_tool_calls") is not False,
-                    "catalog_digest": "", "allowlist_digest": "", "custom": {}}
+            names = [t["name"] for t in body.get("tools") or ()
+                     if isinstance(t, dict) and t.get("type") == "function" and isinstance(t.get("name"), str)]
+            wire = no_function_wire(selection.mode, names, body.get("parallel_tool_calls") is not False)
             body["tool_choice"] = selection.mode
-        body[ALLOWLIST_KEY] = {**wire, "server": recipients}
+        body[ALLOWLIST_KEY] = with_server_recipients(wire, selection.recipients(server.turn.tools))
     logger.info("vllm-allowed-tools: server-side tools %s, allowed %s%s",
                 sorted({t.namespace for t in server.turn.tools.tools}),
                 "all" if selection is None else sorted(selection.entries, key=str),

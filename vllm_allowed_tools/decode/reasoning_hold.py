@@ -13,7 +13,7 @@ row reasons, on either constraint stage, the logits processor therefore
   while it still fits. A budget that cannot hold even that ends the turn ``length`` as before.
 
 Pure logic (no vLLM, no xgrammar): :mod:`.masks` applies it to the rows' bitmasks. The request
-carries the reserve in ``extra_args`` (:data:`XARGS_MUST_CALL`), set by the parser wrapper.
+carries the reserve in ``extra_args`` (:data:`..wire.XARGS_MUST_CALL`), set by the parser wrapper.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..wire import XARGS_MUST_CALL
 from .stage import ConstraintArgsError
 
-#: ``extra_args`` key of a turn that must call: the tokens to keep for its shortest call
-XARGS_MUST_CALL = "vllm_allowed_tools_must_call"
 #: what a reasoning row that must call may write: anything but a stop token, or only the end marker
 BAN_STOPS = "ban_stops"
 END_REASONING = "end_reasoning"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..formats import wire_format
 from .grammar import STRICT_FUNCTION, STRICT_PARAMETER, AllowedFunction, BuiltTag, Mode, turn_tag
-from .stage import (
+from ..wire import (
     XARGS_CATALOG,
     XARGS_CATALOG_DIGEST,
     XARGS_DIGEST,

@@ -1,9 +1,9 @@
 """Which constraint stage serves the allowed-tools grammar, and how a request carries its grammar to
-the logits-processor stage (``SamplingParams.extra_args``, ``vllm_xargs`` on the wire; built by
-:func:`.split.constraint_extra_args`).
+the logits-processor stage (``SamplingParams.extra_args``, ``vllm_xargs`` on the wire, under the
+keys of :mod:`..wire`; built by :func:`.split.constraint_extra_args`).
 
-Light on purpose: the request path strips these keys from every client request, and must not load
-xgrammar or torch to know their names. The masking itself is in :mod:`.masks`."""
+Light on purpose (no xgrammar, no torch): the settings read the stage names here at start-up in
+every process. The masking itself is in :mod:`.masks`."""
 
 from __future__ import annotations
 
@@ -12,17 +12,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
-XARGS_TAG = "vllm_allowed_tools_tag"
-XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
-#: optional, together: the same grammar split into the catalog's grammar and the subset's envelope
-#: (:mod:`.split`), each JSON with its sha256
-XARGS_CATALOG = "vllm_allowed_tools_catalog_tag"
-XARGS_CATALOG_DIGEST = "vllm_allowed_tools_catalog_tag_digest"
-XARGS_ENVELOPE = "vllm_allowed_tools_envelope_tag"
-XARGS_ENVELOPE_DIGEST = "vllm_allowed_tools_envelope_tag_digest"
-XARGS_KEYS = (XARGS_TAG, XARGS_DIGEST, XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE,
-              XARGS_ENVELOPE_DIGEST)
+from ..wire import (
+    XARGS_CATALOG,
+    XARGS_CATALOG_DIGEST,
+    XARGS_DIGEST,
+    XARGS_ENVELOPE,
+    XARGS_ENVELOPE_DIGEST,
+    XARGS_GRAMMAR_KEYS,
+    XARGS_SPLIT_KEYS,
+    XARGS_TAG,
+)
 
 #: which constraint stage serves allowed-tools grammars (read by :mod:`..settings`); see
 #: :func:`choose_stage`
@@ -97,10 +96,10 @@ def read_extra_args(extra_args: Mapping[str, Any] | None, *, verify: bool = True
     the key when the arguments are malformed. ``verify`` hashes the tag against its digest (done once
     per request at admission; the engine side skips it and :class:`CompiledGrammars` checks again
     whenever it compiles, so no grammar is ever cached under a digest it does not hash to)."""
-    if not extra_args or not any(key in extra_args for key in XARGS_KEYS):
+    if not extra_args or not any(key in extra_args for key in XARGS_GRAMMAR_KEYS):
         return None
     whole = _grammar_text(extra_args, XARGS_TAG, XARGS_DIGEST, verify)
-    if not any(key in extra_args for key in XARGS_KEYS[2:]):
+    if not any(key in extra_args for key in XARGS_SPLIT_KEYS):
         return RequestGrammar(whole.tag_json, whole.digest)
     return RequestGrammar(whole.tag_json, whole.digest,
                           catalog=_grammar_text(extra_args, XARGS_CATALOG, XARGS_CATALOG_DIGEST, verify),

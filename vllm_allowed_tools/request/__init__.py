@@ -8,14 +8,12 @@ from .catalog import Api, catalog_digest
 from .digest import NotCanonicalJSON, canonical_json_bytes, text_digest, value_digest
 from .identity import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity, flat_name, function_digest
 from .json_text import NotStrictJSON, strict_json_loads
-from .selection import Mode
 
 __all__ = [
     "NAMESPACE_SEPARATOR",
     "Api",
     "Choice",
     "FunctionSpec",
-    "Mode",
     "NotCanonicalJSON",
     "NotStrictJSON",
     "ToolIdentity",

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..call_filter import CallFilter, CallKind
-from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError
+from ..errors import CODE_INVALID_PARALLEL_TOOL_CALLS, InvalidSelectionError, malformed, type_name
 from ..metrics import record_invalid_selection
+from ..wire import Mode, ToolChoice, tool_choice_of
 from .catalog import Api, Catalog, index_by_flat_name, parse_catalog, specs_digest
 from .identity import FunctionSpec, ToolIdentity
 from .digest import value_digest
 from .json_text import copy_json
-from .messages import is_name, malformed, type_name
-from .selection import Mode, read_selection, resolve_chat_custom_choice
+from .selection import read_selection, resolve_chat_custom_choice
 
 __all__ = ["Choice", "TurnAllowlist", "allowlist_digest", "resolve_allowlist",
            "resolve_callable_catalog"]
@@ -182,25 +182,26 @@ def resolve_callable_catalog(body: Mapping[str, Any], api: Api) -> TurnAllowlist
     catalog = parse_catalog(body["tools"], api)
     parallel = body.get("parallel_tool_calls")
     return _turn_allowlist(api, catalog, "auto", "auto", None, parallel is not False,
-                           copy_json(body.get("tool_choice")))
+                           copy_json(tool_choice_of(body, api).raw))
 
 
 def _resolve(body: Mapping[str, Any], api: Api) -> TurnAllowlist | None:
-    tool_choice = body.get("tool_choice")
+    choice = tool_choice_of(body, api)
     tools = body.get("tools")
-    if tool_choice is None and not tools:
+    if choice.absent and not tools:
         return None
-    if isinstance(tool_choice, Mapping) and tool_choice.get("type") == "allowed_tools":
-        return _resolve_allowed(body, api, tool_choice)
-    return _resolve_plain(body, api, tool_choice)
+    if choice.allowed is not None:
+        return _resolve_allowed(body, api, choice)
+    return _resolve_plain(body, api, choice)
 
 
 # --------------------------------------------------------------------------------------------------
 # allowed_tools (refused when unsound)
 
 
-def _resolve_allowed(body: Mapping[str, Any], api: Api, choice: Mapping[str, Any]) -> TurnAllowlist:
-    selection = read_selection(choice, api)
+def _resolve_allowed(body: Mapping[str, Any], api: Api, choice: ToolChoice) -> TurnAllowlist:
+    assert choice.allowed is not None
+    selection = read_selection(choice.allowed, api)
     parallel = body.get("parallel_tool_calls")
     if parallel is None:
         parallel = True
@@ -216,14 +217,14 @@ def _resolve_allowed(body: Mapping[str, Any], api: Api, choice: Mapping[str, Any
     catalog.check_for_allowlist()
     allowed = selection.resolve(catalog)
     return _turn_allowlist(api, catalog, "allowed", selection.mode, allowed, parallel,
-                           copy_json(choice))
+                           copy_json(choice.raw))
 
 
 # --------------------------------------------------------------------------------------------------
 # plain choices (described, never rejected)
 
 
-def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> TurnAllowlist | None:
+def _resolve_plain(body: Mapping[str, Any], api: Api, choice: ToolChoice) -> TurnAllowlist | None:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         # never "not ours, no allowlist": vLLM may still read it (see typed_fields)
@@ -238,40 +239,28 @@ def _resolve_plain(body: Mapping[str, Any], api: Api, tool_choice: Any) -> TurnA
     # never "the first by digest order": that would revive a grant made for the other one
     catalog.raise_collision()
 
-    if tool_choice is None:
+    if choice.absent:
         # vLLM's default: "auto" whenever `tools` is non-empty (even if it holds no function).
         return _turn_allowlist(api, catalog, "auto", "auto", None, parallel, None)
-    if isinstance(tool_choice, str):
-        if tool_choice not in _PLAIN_CHOICES:
+    if choice.string is not None:
+        if choice.string not in _PLAIN_CHOICES:
             return None
-        mode: Mode | None = None if tool_choice == "none" else tool_choice  # type: ignore[assignment]
-        return _turn_allowlist(api, catalog, tool_choice, mode, None, parallel,  # type: ignore[arg-type]
-                               tool_choice)
-    kind = tool_choice.get("type") if isinstance(tool_choice, Mapping) else None
-    if kind == "custom" and api == "chat":   # vLLM refuses the shape: judged here, a 400 if unsound
-        identity = resolve_chat_custom_choice(tool_choice, catalog)
+        mode: Mode | None = None if choice.string == "none" else choice.string  # type: ignore[assignment]
+        return _turn_allowlist(api, catalog, choice.string, mode, None, parallel,  # type: ignore[arg-type]
+                               choice.string)
+    named = choice.named
+    if named is None or named.type not in ("function", "custom"):
+        return None  # hosted, MCP or unknown choice types: not ours to model
+    if named.type == "custom" and api == "chat":   # vLLM refuses the shape: judged here, a 400 if unsound
+        identity = resolve_chat_custom_choice(named, catalog)
         return _turn_allowlist(api, catalog, "named", None, frozenset({identity}), parallel,
-                               copy_json(tool_choice))
-    if kind in ("function", "custom"):
-        named = _named_function(tool_choice, api)
-        if named is None:
-            return None
-        found = catalog.resolver.resolve(*named)
-        spec = catalog.by_flat.get(found.identity.flat_name) if found.identity is not None else None
-        if spec is None or spec.identity != found.identity or spec.kind != kind:
-            return None  # unknown, ambiguous or of the other kind: vanilla vLLM answers
-        return _turn_allowlist(api, catalog, "named", None, frozenset({found.identity}), parallel,
-                               copy_json(tool_choice))
-    return None  # hosted, MCP or unknown choice types: not ours to model
-
-
-def _named_function(choice: Mapping[str, Any], api: Api) -> tuple[str, str | None] | None:
-    if api == "responses":
-        name, namespace = choice.get("name"), choice.get("namespace")
-    else:
-        function = choice.get("function")
-        name = function.get("name") if isinstance(function, Mapping) else None
-        namespace = None
-    if not is_name(name) or (namespace is not None and not is_name(namespace)):
+                               copy_json(choice.raw))
+    name = named.name_and_namespace()
+    if name is None:
         return None
-    return name, namespace
+    found = catalog.resolver.resolve(*name)
+    spec = catalog.by_flat.get(found.identity.flat_name) if found.identity is not None else None
+    if spec is None or spec.identity != found.identity or spec.kind != named.type:
+        return None  # unknown, ambiguous or of the other kind: vanilla vLLM answers
+    return _turn_allowlist(api, catalog, "named", None, frozenset({found.identity}), parallel,
+                           copy_json(choice.raw))

@@ -10,10 +10,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from ..errors import CODE_INVALID_TOOLS, InvalidSelectionError
+from ..errors import ABSENT, CODE_INVALID_TOOLS, InvalidSelectionError, is_name, malformed, quote, type_name
 from .identity import FunctionSpec, ToolIdentity, flat_name
 from .digest import value_digest
-from .messages import ABSENT, is_name, malformed, quote, type_name
 from .resolver import NameResolver
 
 __all__ = ["Api", "Catalog", "catalog_digest", "index_by_flat_name", "parse_catalog", "specs_digest"]

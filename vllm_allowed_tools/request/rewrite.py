@@ -8,83 +8,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..call_filter import CallFilter, CallKind
 from ..decode.custom_capability import refuse_uncarried_custom_tools
-from ..decode.reasoning_hold import XARGS_MUST_CALL
-from ..decode.stage import XARGS_KEYS
+from ..wire import ALLOWLIST_KEY, XARGS_KEYS, allowlist_to_wire
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
 from .custom_tools import is_grammar_tool, read_custom_tools, served_messages
 from .placement import TEMPLATE_KWARG, TEMPLATE_VARIABLE, canonical_tools
 from .typed_fields import normalise_fields
-
-#: the body key under which the turn's allowlist travels to our parsers (``request.model_extra``)
-ALLOWLIST_KEY = "vllm_allowed_tools"
-WIRE_VERSION = 1
-
-
-def allowlist_to_wire(allowlist: TurnAllowlist) -> dict[str, Any]:
-    """The allowlist as plain JSON, small enough to ride on every request."""
-    return {
-        "v": WIRE_VERSION,
-        "api": allowlist.api,
-        "choice": allowlist.choice,
-        "mode": allowlist.mode,
-        "allowed": sorted(allowlist.allowed_flat_names),
-        "catalog": sorted(spec.flat_name for spec in allowlist.catalog),
-        "parallel_tool_calls": allowlist.parallel_tool_calls,
-        "catalog_digest": allowlist.catalog_digest,
-        "allowlist_digest": allowlist.allowlist_digest,
-        # the catalog's custom tools: their grammar (syntax, definition), or None for free text
-        "custom": {spec.flat_name: list(spec.grammar) if spec.grammar is not None else None
-                   for spec in allowlist.catalog if spec.kind == "custom"},
-    }
-
-
-@dataclass(frozen=True)
-class WireAllowlist(CallFilter):
-    """What the vLLM-side code (parsers, guard) needs to know about a turn's allowlist."""
-    mode: str
-    allowed: frozenset[str]
-    catalog: frozenset[str]
-    parallel_tool_calls: bool
-    catalog_digest: str
-    allowlist_digest: str
-    #: the catalog's custom tools by name: (syntax, definition) of a grammar, None for free text
-    custom: Mapping[str, tuple[str, str] | None] = field(default_factory=dict, hash=False)
-    #: the server-side recipients this turn may write: (built-in, tool name or None for any of its
-    #: tools) (``vllm_allowed_tools.server_tools``); empty: none
-    server: tuple[tuple[str, str | None], ...] = ()
-
-    @classmethod
-    def from_wire(cls, data: Any) -> WireAllowlist | None:
-        if not isinstance(data, Mapping) or data.get("v") != WIRE_VERSION:
-            return None
-        custom = data.get("custom") or {}
-        return cls(mode=str(data["mode"]), allowed=frozenset(data["allowed"]),
-                   catalog=frozenset(data["catalog"]),
-                   parallel_tool_calls=bool(data["parallel_tool_calls"]),
-                   catalog_digest=str(data["catalog_digest"]),
-                   allowlist_digest=str(data["allowlist_digest"]),
-                   custom={str(name): (str(grammar[0]), str(grammar[1])) if grammar else None
-                           for name, grammar in custom.items()},
-                   server=tuple((str(b), None if n is None else str(n))
-                                for b, n in data.get("server") or ()))
-
-    def is_allowed(self, flat_name: str | None) -> bool:
-        return flat_name is not None and flat_name in self.allowed
-
-    def allows(self, kind: CallKind, name: str | None) -> bool:
-        """The allowlist's functions and custom tools, each only as its own kind."""
-        return kind != "builtin" and self.is_allowed(name) and (kind == "custom") == (name in self.custom)
-
-    def knows(self, kind: CallKind, name: str) -> bool | None:
-        if kind == "builtin":
-            return None
-        return name in self.catalog and (kind == "custom") == (name in self.custom)
 
 
 @dataclass(frozen=True)
@@ -117,9 +50,8 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
         new["chat_template_kwargs"] = {k: v for k, v in kwargs.items() if k != TEMPLATE_KWARG}
         changed = True
     xargs = new.get("vllm_xargs")
-    ours = (*XARGS_KEYS, XARGS_MUST_CALL)   # set by the parser wrapper only, never by a client
-    if isinstance(xargs, Mapping) and any(key in xargs for key in ours):
-        new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in ours}
+    if isinstance(xargs, Mapping) and any(key in xargs for key in XARGS_KEYS):   # the wrapper's only
+        new["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in XARGS_KEYS}
         changed = True
     allowlist = resolve_allowlist(new, api)
     original = body.get("tool_choice")

@@ -15,9 +15,9 @@ from typing import Any
 from ..approvals.errors import ApprovalInputError
 from ..approvals.outcomes import Decline, Rejected, Release, Replayed
 from ..approvals.wire import principal_from_headers, session_of
-from ..errors import AllowedToolsError
-from ..request.messages import quote, type_name
+from ..errors import AllowedToolsError, quote, type_name
 from ..settings import current
+from ..wire import tool_choice_of
 from .tools import (
     CODE_INVALID_SERVER_TOOL,
     TYPE_BUILTIN,
@@ -47,32 +47,29 @@ def split_selection(body: Mapping[str, Any], tools: ServerTools) -> tuple[dict[s
     (None: the choice does not restrict server-side tools), and whether only server-side entries
     were selected (then no function may be called). A selection naming none of them, or a choice
     naming one function, allows no server-side tool."""
-    choice = body.get("tool_choice")
-    if isinstance(choice, Mapping) and choice.get("type") in ("function", "custom"):
+    choice = tool_choice_of(body, "responses")
+    named = choice.named
+    if named is not None and named.type in ("function", "custom"):
         return dict(body), ServerSelection(frozenset(), "required"), False
-    if isinstance(choice, Mapping) and choice.get("type") in SERVER_ENTRY_TYPES:
+    if named is not None and named.type in SERVER_ENTRY_TYPES:
         # a named server-side choice: the selection of that one tool, which must be called
-        choice = {"type": "allowed_tools", "mode": "required", "tools": [dict(choice)]}
-        body = {**body, "tool_choice": choice}
-    if not isinstance(choice, Mapping) or choice.get("type") != "allowed_tools" \
-            or not isinstance(choice.get("tools"), list):
+        body = {**body, "tool_choice": {"type": "allowed_tools", "mode": "required",
+                                        "tools": [dict(named.choice)]}}
+        choice = tool_choice_of(body, "responses")
+    selection = choice.allowed
+    if selection is None or not isinstance(selection.entries, list):
         return dict(body), None, False
-    kept, entries = _server_entries(choice["tools"], tools)
-    mode = choice.get("mode")
+    kept, entries = _server_entries(selection.entries, tools)
     if not entries:
-        return dict(body), ServerSelection(frozenset(), str(mode)), False
+        return dict(body), ServerSelection(frozenset(), str(selection.mode)), False
     only_server = not kept
-    new_choice = {**choice, "tools": kept}
     new_body = dict(body)
     if only_server:
-        if mode not in ("auto", "required"):
-            raise _error("tool_choice.mode must be \"auto\" or \"required\", got "
-                         f"{quote(mode) if isinstance(mode, str) else type_name(mode)}.",
-                         "tool_choice.mode", "invalid_allowed_tools")
+        selection.server_only_mode()   # a 400 unless "auto" or "required"
         new_body["tool_choice"] = "auto"   # functions: none may be called (the guard's filter)
     else:
-        new_body["tool_choice"] = new_choice
-    return new_body, ServerSelection(frozenset(entries), str(mode)), only_server
+        new_body["tool_choice"] = {**selection.choice, "tools": kept}
+    return new_body, ServerSelection(frozenset(entries), str(selection.mode)), only_server
 
 
 def _server_entries(entries_in: list[Any], tools: ServerTools) -> tuple[list[Any], set[tuple[int, str | None]]]:
@@ -160,14 +157,13 @@ def prepare_server_turn(body: dict[str, Any], tools: ServerTools, *, engine: Any
         principal = principal_from_headers(headers, engine.store.principal_secret)
         session = session_of(body)
     body, resume = _answers(body, tools, selection, engine, principal, session)
-    choice = body.get("tool_choice")
     limit = body.get("max_tool_calls")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
         raise _error(f"max_tool_calls must be a non-negative integer, got {type_name(limit)}.",
                      "max_tool_calls", "invalid_request")
     bound = current().max_server_tool_calls   # the server's: a request can only lower it
     turn = ServerTurn(
-        tools, selection=selection, tool_choice_none=choice == "none",
+        tools, selection=selection, tool_choice_none=tool_choice_of(body, "responses").string == "none",
         operator_gates=(functools.partial(_operator_gates, engine) if operator_engine else
                         (lambda tool, name: False)),
         propose=functools.partial(engine.propose, principal=principal, session=session)

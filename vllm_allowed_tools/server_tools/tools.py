@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..errors import AllowedToolsError
+from ..errors import AllowedToolsError, quote, type_name
 from ..request import ToolIdentity
-from ..request.messages import quote, type_name
 
 __all__ = [
     "BUILTINS",

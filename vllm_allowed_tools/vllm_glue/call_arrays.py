@@ -19,7 +19,7 @@ from ..decode.grammar import call_array_schema
 from ..decode.stage import STAGE_LOGITS_PROCESSOR
 from ..errors import CapabilityError
 from ..formats import wire_format
-from ..request.rewrite import WireAllowlist
+from ..wire import WireAllowlist
 from .capabilities import active_constraint_stage, json_schema_stays_native
 from .turn_grammar import allowed_functions, request_subset_tag
 

@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..decode.stage import XARGS_TAG
+from ..wire import XARGS_TAG
 
 _INSTALLED: list[str] = []
 

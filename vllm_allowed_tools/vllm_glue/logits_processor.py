@@ -17,7 +17,7 @@ decided by that parser exactly as vLLM's structured-output manager decides it fo
 (``_VllmReasoningGate``); ``--structured-outputs-config.enable_in_reasoning`` constrains from the
 first token instead, as there.
 
-A turn that must call (``extra_args`` carries :data:`..decode.reasoning_hold.XARGS_MUST_CALL`, set by
+A turn that must call (``extra_args`` carries :data:`..wire.XARGS_MUST_CALL`, set by
 the parser wrapper on either stage) is held while it reasons: no stop token, and reasoning ends while
 the budget holds the call. On the native stage such a row has no grammar here; this processor only
 holds its reasoning, and leaves the row once the reasoning ends.

@@ -23,7 +23,7 @@ from ..decode.stage import STAGE_LOGITS_PROCESSOR
 from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
-from ..request.rewrite import ALLOWLIST_KEY, WireAllowlist
+from ..wire import ALLOWLIST_KEY, WireAllowlist
 from .call_arrays import (
     auto_list_grammar,
     read_required_array,

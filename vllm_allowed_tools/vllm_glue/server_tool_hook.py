@@ -247,7 +247,8 @@ def _relax_after_a_call(turn: ServerTurn) -> None:
     params, grammar = turn.sampling_params, turn.grammar_after_a_call
     if params is None or grammar is None:
         return
-    from ..decode.stage import XARGS_DIGEST, XARGS_TAG, tag_digest
+    from ..decode.stage import tag_digest
+    from ..wire import XARGS_DIGEST, XARGS_TAG
     extra = getattr(params, "extra_args", None)
     if isinstance(extra, dict) and XARGS_TAG in extra:   # the logits-processor stage's grammar
         extra[XARGS_TAG], extra[XARGS_DIGEST] = grammar, tag_digest(grammar)

@@ -14,10 +14,9 @@ from typing import Any
 from ..decode.argument_schemas import every_tool_held, held_to_schema
 from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
 from ..decode.split import split_for_request
-from ..decode.stage import XARGS_DIGEST, XARGS_TAG
 from ..request.custom_tools import input_grammar
-from ..request.rewrite import WireAllowlist
 from ..settings import current
+from ..wire import XARGS_DIGEST, XARGS_MUST_CALL, XARGS_TAG, ToolChoice, WireAllowlist, tool_choice_of
 from .capabilities import json_schema_stays_native
 
 logger = logging.getLogger(__name__)
@@ -27,9 +26,15 @@ FALLBACK_RESERVE = 64
 
 
 def tool_name(tool: Any) -> str | None:
-    """The name of a tool or a named tool choice (Chat's nested ``function`` or Responses' flat)."""
+    """The name of a tool (Chat's nested ``function`` or Responses' flat)."""
     function = getattr(tool, "function", None)
     return getattr(function, "name", None) if function is not None else getattr(tool, "name", None)
+
+
+def request_tool_choice(request) -> ToolChoice:
+    """The request's ``tool_choice`` as :mod:`..wire` reads it (Chat Completions requests are the
+    ones with ``messages``)."""
+    return tool_choice_of(request, "chat" if hasattr(request, "messages") else "responses")
 
 
 def function_tools(request) -> list[Any]:
@@ -92,12 +97,13 @@ def plain_request_tag(wire_format: str, request, strict_level):
     """A request without an allowlist, on a format whose tag is ours: ``required`` and named
     choices get the format's own grammar over the catalog (or the named function); anything else
     is free text, as vLLM leaves it without a structural tag."""
-    choice = request.tool_choice
+    choice = request_tool_choice(request)
+    named = choice.named.tool_name if choice.named is not None else None
     functions = catalog_functions(request)
-    if choice == "required":
+    if choice.string == "required":
         mode, parallel = "required", request.parallel_tool_calls is not False
-    elif choice is not None and not isinstance(choice, str) and tool_name(choice):
-        functions = [function for function in functions if function.name == tool_name(choice)]
+    elif named is not None:
+        functions = [function for function in functions if function.name == named]
         mode, parallel = "required", False
     else:
         return None
@@ -152,9 +158,8 @@ def must_call(request, allowlist: WireAllowlist | None) -> bool:
     (no allowlist) plain ``required`` or a named tool."""
     if allowlist is not None:
         return allowlist.mode == "required" and bool(allowlist.allowed or allowlist.server)
-    choice = getattr(request, "tool_choice", None)
-    return choice == "required" or (choice is not None and not isinstance(choice, str)
-                                    and bool(tool_name(choice)))
+    choice = request_tool_choice(request)
+    return choice.string == "required" or (choice.named is not None and choice.named.tool_name is not None)
 
 
 def requested_max_tokens(request) -> int | None:
@@ -193,7 +198,6 @@ def mark_must_call(request, allowlist: WireAllowlist | None, tokenizer) -> None:
     """A turn that must call carries the reserve of its shortest call to the logits processor
     (both stages): while it reasons it cannot stop, and its reasoning ends while the budget holds
     the call (:mod:`..decode.reasoning_hold`)."""
-    from ..decode.reasoning_hold import XARGS_MUST_CALL
     # include_reasoning: false constrains a Chat turn from its first token on the native stage,
     # where a hold (which sees the reasoning as open) would refuse the stop after the call
     if not must_call(request, allowlist) or getattr(request, "include_reasoning", True) is False:

@@ -14,7 +14,8 @@ import httpx
 from ...errors import AllowedToolsError
 from ...request import flat_name
 from ...request.custom_tools import read_custom_tools
-from ...request.rewrite import ALLOWLIST_KEY, rewrite_request
+from ...request.rewrite import rewrite_request
+from ...wire import ALLOWLIST_KEY
 from ..metrics import scrape_metric
 from .fuzz_cases import Case, fuzz_cases
 from .report import Figures

@@ -1,0 +1,22 @@
+"""The ``extra_args`` keys a request carries from the parser wrapper (API-server process) to our
+logits processor (engine process): ``vllm_xargs`` on the request, ``SamplingParams.extra_args`` in
+the engine. Names only: the worker reads them without loading anything else."""
+
+from __future__ import annotations
+
+#: ``extra_args`` keys a constrained request carries: the structural tag JSON and its sha256
+XARGS_TAG = "vllm_allowed_tools_tag"
+XARGS_DIGEST = "vllm_allowed_tools_tag_digest"
+#: optional, together: the same grammar split into the catalog's grammar and the subset's envelope
+#: (``decode/split.py``), each JSON with its sha256
+XARGS_CATALOG = "vllm_allowed_tools_catalog_tag"
+XARGS_CATALOG_DIGEST = "vllm_allowed_tools_catalog_tag_digest"
+XARGS_ENVELOPE = "vllm_allowed_tools_envelope_tag"
+XARGS_ENVELOPE_DIGEST = "vllm_allowed_tools_envelope_tag_digest"
+XARGS_SPLIT_KEYS = (XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST)
+#: the keys of the grammar a request carries to the logits-processor stage
+XARGS_GRAMMAR_KEYS = (XARGS_TAG, XARGS_DIGEST, *XARGS_SPLIT_KEYS)
+#: ``extra_args`` key of a turn that must call: the tokens to keep for its shortest call
+XARGS_MUST_CALL = "vllm_allowed_tools_must_call"
+#: every ``extra_args`` key of ours: set by the parser wrapper only, never by a client
+XARGS_KEYS = (*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL)
