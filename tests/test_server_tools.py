@@ -445,3 +445,14 @@ def test_the_server_side_items_and_events_are_checked_as_openai_shapes():
     done = {"type": "response.mcp_call_arguments.done", "sequence_number": 3, "item_id": "mcp_1",
             "output_index": 0, "arguments": "{}", "name": "container.ls"}
     assert check_event(done) and check_event(conformed_event(done)) == []
+
+
+@pytest.mark.parametrize("choice", [{"type": ["mcp"]}, {"type": {"mcp": 1}},
+                                    {"type": "allowed_tools", "mode": "auto", "tools": [{"type": ["mcp"]}]}])
+def test_a_type_that_is_no_string_is_no_server_side_entry(choice):
+    """A list or object where a tool type goes is read as no server-side entry (never a TypeError,
+    a 500): the selection's own check then refuses it naming the field."""
+    tools = read_server_tools({"tools": [{"type": "mcp", "server_label": "container"}]})
+    body, selection, only_server = split_selection({"tool_choice": choice, "tools": []}, tools)
+    assert not only_server and (selection is None or not selection.entries)
+    assert body["tool_choice"] == choice

@@ -35,6 +35,11 @@ __all__ = ["CODE_SERVER_TOOLS_UNGUARDED", "PreparedServerTurn", "prepare_server_
 CODE_SERVER_TOOLS_UNGUARDED = "server_tools_unguarded"
 
 SERVER_ENTRY_TYPES = frozenset({"mcp", *TYPE_BUILTIN})
+
+
+def _is_server_type(value: Any) -> bool:
+    """A server-side entry's ``type`` (any other value, a list or an object too, is not one)."""
+    return isinstance(value, str) and value in SERVER_ENTRY_TYPES
 _APPROVAL_TYPES = ("mcp_approval_request", "mcp_approval_response")
 
 
@@ -51,7 +56,7 @@ def split_selection(body: Mapping[str, Any], tools: ServerTools) -> tuple[dict[s
     named = choice.named
     if named is not None and named.type in ("function", "custom"):
         return dict(body), ServerSelection(frozenset(), "required"), False
-    if named is not None and named.type in SERVER_ENTRY_TYPES:
+    if named is not None and _is_server_type(named.type):
         # a named server-side choice: the selection of that one tool, which must be called
         body = {**body, "tool_choice": {"type": "allowed_tools", "mode": "required",
                                         "tools": [dict(named.choice)]}}
@@ -78,7 +83,7 @@ def _server_entries(entries_in: list[Any], tools: ServerTools) -> tuple[list[Any
     entries: set[tuple[int, str | None]] = set()
     for index, entry in enumerate(entries_in):
         param = f"tool_choice.tools[{index}]"
-        if not isinstance(entry, Mapping) or entry.get("type") not in SERVER_ENTRY_TYPES:
+        if not isinstance(entry, Mapping) or not _is_server_type(entry.get("type")):
             kept.append(entry)
             continue
         kind = entry["type"]
