@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="gpu-run-"))
     started = time.perf_counter()
     model = build(work / "model", tiny=args.dry_run)
-    from vllm_allowed_tools.devtools.render import load_template
+    from vllm_allowed_tools.templates.render import load_template
     (model / "chat_template.jinja").write_text(load_template("hermes"))
     results: dict[str, Any] = {"build_s": time.perf_counter() - started, "decode": {}, "ttft_ms": {},
                                "reuse": {}}

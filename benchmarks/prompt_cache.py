@@ -25,7 +25,7 @@ What is measured per turn: the prompt tokens and ``cached_tokens`` the server re
 (``usage.input_tokens_details.cached_tokens`` / ``usage.prompt_tokens_details.cached_tokens``), the
 deltas of vLLM's ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` on
 ``/metrics`` across the request, and, from the same prompt rendered locally
-(:mod:`vllm_allowed_tools.devtools.render`) and tokenized with the model's tokenizer (checked against the
+(:mod:`vllm_allowed_tools.templates.render`) and tokenized with the model's tokenizer (checked against the
 server's ``/tokenize`` and its prompt-token count):
 
 * ``expected``: the tokens before the PREVIOUS turn's policy block. That is everything the previous

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllm_allowed_tools.devtools.render import render_chat
+from vllm_allowed_tools.templates.render import render_chat
 
 from support.servers import load_script
 

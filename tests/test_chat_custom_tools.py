@@ -202,7 +202,7 @@ def test_the_wrapper_builds_the_custom_input_grammar_for_required_and_named(monk
     from transformers import AutoTokenizer
     from vllm.tool_parsers import ToolParserManager
 
-    from vllm_allowed_tools.decode.stage import STAGE_NATIVE
+    from vllm_allowed_tools.settings import STAGE_NATIVE
     from vllm_allowed_tools.testing.tiny_model import ensure_model
     from vllm_allowed_tools.vllm_glue import parsers
     from vllm_allowed_tools.vllm_glue.plugin import register

@@ -235,3 +235,32 @@ def test_only_the_wire_package_reads_tool_choice() -> None:
     assert reads == sorted(TOOL_CHOICE_READS), (
         "tool_choice is read outside wire/ (read it with wire.read_tool_choice / tool_choice_of, or "
         f"list a pass-through in TOOL_CHOICE_READS with its reason): {reads}")
+
+
+#: the parts of the package from the top floor down: a part imports only parts on its own floor or
+#: below (docs/architecture.md draws the same order); a part not named here is a ground-floor file
+FLOORS = (("devtools",), ("testing",), ("vllm_glue",), ("asgi",), ("server_tools",), ("approvals",),
+          ("decode", "response", "dispatch"), ("settings.py",), ("arguments.py",), ("request",),
+          ("wire", "formats"))
+#: upward arrows still standing, each with why (the list only shrinks)
+UPWARD_KNOWN = {
+    ("response/conformance.py", "approvals/elicitation_types.py"):
+        "the conformance check validates elicitation items against the schema of the registered "
+        "elicitation types, which approvals/ owns (its registry raises approvals' 400s)",
+}
+
+
+def _floor(module: str) -> int:
+    part = Path(module).parts[0]
+    return next((n for n, parts in enumerate(FLOORS) if part in parts), len(FLOORS))
+
+
+def test_no_import_runs_back_up_between_the_parts() -> None:
+    """A part that imports one above it ties the lower layer to the upper one's changes (and to its
+    imports): what the lower part needs moves down, or the upper part lends it as a parameter."""
+    upward = {(str(p.relative_to(PACKAGE)), target) for p in _modules()
+              for target in _package_imports(p)
+              if _floor(target) < _floor(str(p.relative_to(PACKAGE)))}
+    assert upward == set(UPWARD_KNOWN), (
+        f"imports that run back up a floor: {sorted(upward - set(UPWARD_KNOWN))}; gone from the known "
+        f"list (take them out of UPWARD_KNOWN): {sorted(set(UPWARD_KNOWN) - upward)}")

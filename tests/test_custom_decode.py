@@ -12,6 +12,7 @@ import pytest
 import xgrammar
 from xgrammar.testing import _is_grammar_accept_string
 
+from vllm_allowed_tools.decode.custom_capability import refuse_uncarried_custom_tools
 from vllm_allowed_tools.decode.custom_inputs import MARKER_PREFIX
 from vllm_allowed_tools.decode.grammar import AllowedFunction, allowed_tools_grammar, build_structural_tag
 from vllm_allowed_tools.decode.split import split_tags
@@ -194,26 +195,31 @@ def glue():
 
 # ------------------------------------------------------------------------- refused before decoding
 
+def _for(parser: str):
+    """What the middleware lends rewrite_request for a server on ``parser``."""
+    return lambda turn: refuse_uncarried_custom_tools(turn, parser)
+
+
 @pytest.mark.parametrize("parser", ["allowed_mistral", "allowed_pythonic", "allowed_xlam"])
 def test_a_format_that_cannot_carry_the_grammar_is_a_400_naming_it_and_the_tool(parser):
     request = body(EXEC, APPLY_PATCH, choice=selection("required", "apply_patch", "exec_command"))
     with pytest.raises(CapabilityError) as caught:
-        rewrite_request(request, "responses", parser=parser)
+        rewrite_request(request, "responses", check_turn=_for(parser))
     error = caught.value
     assert error.status == 400 and error.param == "tool_choice"
     assert wire_format(parser).name in error.message and "'apply_patch'" in error.message
     # auto mode has no grammar on these formats at all; a free-form custom tool has none to carry;
     # a format that carries it is served
-    rewrite_request(body(EXEC, APPLY_PATCH, choice=selection("auto", "apply_patch")), "responses", parser=parser)
-    rewrite_request(body(EXEC, NOTE, choice=selection("required", "note")), "responses", parser=parser)
-    rewrite_request(request, "responses", parser="allowed_hermes")
+    rewrite_request(body(EXEC, APPLY_PATCH, choice=selection("auto", "apply_patch")), "responses", check_turn=_for(parser))
+    rewrite_request(body(EXEC, NOTE, choice=selection("required", "note")), "responses", check_turn=_for(parser))
+    rewrite_request(request, "responses", check_turn=_for("allowed_hermes"))
 
 
 def test_a_grammar_that_does_not_compile_is_refused_as_such_first():
     bad = {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": "start: ("}}
     with pytest.raises(AllowedToolsError) as caught:
         rewrite_request(body(EXEC, bad, choice=selection("required", "apply_patch")), "responses",
-                        parser="allowed_mistral")
+                        check_turn=_for("allowed_mistral"))
     assert caught.value.param == "tools[1].format.definition"
 
 

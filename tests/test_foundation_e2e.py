@@ -45,7 +45,7 @@ def test_rendered_prompt_is_our_template(random_server):
     tools = [tool.chat_tool(strict=True) for tool in reversed(POOL[:3])]
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": tools}
     rendered = httpx.post(random_server.root_url + "/tokenize", json=body, timeout=60).json()
-    from vllm_allowed_tools.devtools.render import render_chat
+    from vllm_allowed_tools.templates.render import render_chat
     expected = render_chat(body["messages"], tools)
     detok = httpx.post(random_server.root_url + "/detokenize",
                        json={"model": "tiny", "tokens": rendered["tokens"]}, timeout=60).json()

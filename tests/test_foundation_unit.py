@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.devtools.render import render_chat
+from vllm_allowed_tools.templates.render import render_chat
 from vllm_allowed_tools.testing.server import free_port
 from vllm_allowed_tools.templates import template_path
 from vllm_allowed_tools.testing import tiny_model

@@ -18,7 +18,7 @@ the tool pool (strict, enum-only arguments) and a 2-tool subset:
 * required mode with ``parallel_tool_calls=False``: exactly one call, in the subset, schema-valid
   arguments, over several seeds at temperature 1.0;
 * auto mode: never a call outside the subset;
-* the server renders the prompt exactly as :mod:`vllm_allowed_tools.devtools.render` does, policy
+* the server renders the prompt exactly as :mod:`vllm_allowed_tools.templates.render` does, policy
   block included.
 
 The random model rarely emits EOS, so nothing here asks for parallel calls in required mode (that
@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 
 from vllm_allowed_tools.devtools.prefix import policy_block_offset, render_with_policy
-from vllm_allowed_tools.devtools.render import render_chat
+from vllm_allowed_tools.templates.render import render_chat
 from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
 from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, ServeTinyProcess
 from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_allowed_tools.devtools.render import _compile
+from vllm_allowed_tools.templates.render import _compile
 from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.request.placement import (
     LAST_MESSAGE,

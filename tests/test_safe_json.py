@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from vllm_allowed_tools.decode.argument_slots import format_markers
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
-from vllm_allowed_tools.decode.json_string import ebnf_text
+from vllm_allowed_tools.ebnf import ebnf_text
 from vllm_allowed_tools.decode.safe_json import safe_json_ebnf, string_rules
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -260,7 +260,7 @@ def test_the_parser_wrapper_hands_the_split_to_the_logits_processor(monkeypatch,
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.tool_parsers import ToolParserManager
 
-    from vllm_allowed_tools.decode.stage import STAGE_LOGITS_PROCESSOR
+    from vllm_allowed_tools.settings import STAGE_LOGITS_PROCESSOR
     from vllm_allowed_tools.request.rewrite import rewrite_request
     from vllm_allowed_tools.testing.calls import chat_selection
     from vllm_allowed_tools.testing.tiny_model import ensure_model

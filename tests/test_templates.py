@@ -1,6 +1,6 @@
 """Our chat templates: cache-stable catalogs, a tail policy block, and call formats the grammar forces.
 
-Fast (no server, no vLLM import): templates are rendered with :mod:`vllm_allowed_tools.devtools.render` (the
+Fast (no server, no vLLM import): templates are rendered with :mod:`vllm_allowed_tools.templates.render` (the
 environment HF and vLLM use) and tokenized with a tiny-model tokenizer built once per module.
 """
 
@@ -26,7 +26,7 @@ from vllm_allowed_tools.devtools.prefix import (
 from vllm_allowed_tools.devtools.prefix import (
     main as prefix_main,
 )
-from vllm_allowed_tools.devtools.render import load_template, render_chat
+from vllm_allowed_tools.templates.render import load_template, render_chat
 from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.templates import TEMPLATE_DIR
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME

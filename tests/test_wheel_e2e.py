@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.decode.stage import STAGE_ENV
+from vllm_allowed_tools.settings import STAGE_ENV
 from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.testing.calls import chat_calls, responses_calls
 from vllm_allowed_tools.testing.server import MODEL_TEMPLATE, start_server

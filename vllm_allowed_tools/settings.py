@@ -26,7 +26,6 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
-from .decode.stage import STAGES
 from .errors import CapabilityError
 from .launch import LaunchArgs
 from .request.placement import FILTER_CATALOG, PLACEMENTS
@@ -34,6 +33,13 @@ from .request.placement import FILTER_CATALOG, PLACEMENTS
 __all__ = ["LaunchArgs", "Settings", "SettingsError", "current", "markdown_table",
            "process_environment", "replace_server_command", "reset_for_tests", "variable_rows"]
 
+#: which constraint stage serves allowed-tools grammars (``VLLM_ALLOWED_TOOLS_CONSTRAINT``; how
+#: ``auto`` picks one: :func:`.decode.stage.choose_stage`)
+STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
+STAGE_AUTO = "auto"
+STAGE_NATIVE = "native"
+STAGE_LOGITS_PROCESSOR = "logits-processor"
+STAGES = (STAGE_AUTO, STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
 PLAIN_CATALOG, PLAIN_VANILLA = "catalog", "vanilla"
 #: ``VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS``: every tool's arguments held to its schema, or only
 #: ``strict`` tools' (vLLM's own default)

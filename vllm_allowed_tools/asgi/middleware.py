@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from ..approvals import engine_from_settings
 from ..approvals.errors import GrantStoreUnavailable
 from ..approvals.turn import PreparedTurn, prepare_turn
+from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..errors import AllowedToolsError
 from ..metrics import record_fallback
 from ..request import resolve_callable_catalog
@@ -165,7 +166,10 @@ class GuardingMiddleware:
                 data = server.body
         try:
             placement = self._placement_for(data, api)
-            rewritten = rewrite_request(data, api, placement, self.settings.launch.tool_call_parser)
+            parser = self.settings.launch.tool_call_parser
+            rewritten = rewrite_request(
+                data, api, placement,
+                check_turn=lambda turn: refuse_uncarried_custom_tools(turn, parser))
             data = rewritten.request
             _refuse_final_message_continuation(data, rewritten, placement)
             _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,

@@ -14,7 +14,7 @@ from typing import Any
 from xgrammar import StructuralTag
 
 from ..formats import wire_format
-from .json_string import ebnf_text
+from ..ebnf import ebnf_text
 from .lru import LRU as _LRU
 from .safe_json import safe_json_ebnf
 

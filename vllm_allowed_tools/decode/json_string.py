@@ -39,16 +39,6 @@ class EBNFReadError(ValueError):
     """The EBNF holds a construct this rewrite does not read (it never guesses)."""
 
 
-_PRINTED_X = re.compile(r"(?<!\\)((?:\\\\)*)\\x([0-9A-Fa-f]{2})")
-
-
-def ebnf_text(grammar: object) -> str:
-    """``str(grammar)`` of an xgrammar ``Grammar``, in a form xgrammar reads back as the same
-    grammar: its printer writes U+00E9 then ``a`` as ``\\xe9a``, which its reader takes for U+0E9A;
-    every ``\\xHH`` becomes the exact ``\\u00HH``."""
-    return _PRINTED_X.sub(lambda match: f"{match.group(1)}\\u00{match.group(2)}", str(grammar))
-
-
 def json_string_grammar(ebnf: str) -> str:
     """``ebnf`` (xgrammar's EBNF, root rule ``root``) with every terminal rewritten into the
     spellings JSON gives it inside a string (see the module docstring)."""

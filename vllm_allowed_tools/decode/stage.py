@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..settings import STAGE_AUTO, STAGE_ENV, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE
 from ..wire import (
     XARGS_CATALOG,
     XARGS_CATALOG_DIGEST,
@@ -22,14 +23,6 @@ from ..wire import (
     XARGS_SPLIT_KEYS,
     XARGS_TAG,
 )
-
-#: which constraint stage serves allowed-tools grammars (read by :mod:`..settings`); see
-#: :func:`choose_stage`
-STAGE_ENV = "VLLM_ALLOWED_TOOLS_CONSTRAINT"
-STAGE_AUTO = "auto"
-STAGE_NATIVE = "native"
-STAGE_LOGITS_PROCESSOR = "logits-processor"
-STAGES = (STAGE_AUTO, STAGE_NATIVE, STAGE_LOGITS_PROCESSOR)
 
 
 class ConstraintArgsError(ValueError):

@@ -14,21 +14,14 @@ Idempotent: running it twice changes nothing the second time.
 
 from __future__ import annotations
 
-import importlib.metadata as metadata
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
 from typing import Iterator
 
-CUDA_ONLY_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
-
-
-def _installed(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+from ..cpu_build import CUDA_ONLY_COMPANIONS
+from ..cpu_build import installed as _installed
 
 
 def apply_fixes() -> Iterator[str]:

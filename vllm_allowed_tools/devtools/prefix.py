@@ -13,7 +13,7 @@ and character offset) and where each prompt's policy block starts::
 LCP always reaches the policy block: changing the subset (or the mode) changes no token before it.
 The exit status is 0 when it does, 1 when it does not, 2 on bad input.
 
-No vLLM import: rendering goes through :mod:`vllm_allowed_tools.devtools.render` and tokenization through the
+No vLLM import: rendering goes through :mod:`vllm_allowed_tools.templates.render` and tokenization through the
 ``tokenizers`` library (``add_special_tokens=False``, as vLLM tokenizes a rendered chat prompt).
 Before rendering, messages get the one normalization vLLM applies to every template's input: assistant
 ``tool_calls[].function.arguments`` given as JSON text become objects (invalid or non-object JSON
@@ -38,7 +38,7 @@ import jinja2
 
 from ..formats import wire_formats
 from ..request.template_probe import common_prefix_length
-from .render import render_chat
+from ..templates.render import render_chat
 
 __all__ = [
     "POLICY_BLOCK_MARKERS",

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ..ebnf import ebnf_text
 from ..errors import AllowedToolsError
 
 __all__ = ["CODE_INVALID_CUSTOM_TOOL", "CustomGrammar", "CustomTools", "input_grammar", "is_grammar_tool",
@@ -251,7 +252,6 @@ def compile_custom_grammar(name: str, syntax: str, definition: str,
     if ebnf is None:
         import xgrammar
 
-        from ..decode.json_string import ebnf_text
         try:
             grammar = xgrammar.Grammar.from_lark(definition) if syntax == "lark" \
                 else xgrammar.Grammar.from_regex(definition)

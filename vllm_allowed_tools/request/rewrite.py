@@ -7,11 +7,10 @@ smuggle in an allowlist or a grammar, is in ``docs/request-path.md``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..wire import ALLOWLIST_KEY, XARGS_KEYS, allowlist_to_wire
 from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
@@ -31,14 +30,15 @@ class Rewritten:
 
 
 def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE_VARIABLE,
-                    parser: str | None = None) -> Rewritten:
+                    check_turn: Callable[[TurnAllowlist | None], None] | None = None) -> Rewritten:
     """Resolve the allowlist and rewrite the body; raises InvalidSelectionError (a 400) on bad input.
 
     ``tools`` go out in canonical form (the stable prompt prefix, whatever order the client sends
     them in); the policy travels in ``chat_template_kwargs`` where the template reads it
     (``placement``), otherwise the caller places it last (:func:`.placement.place_policy`).
-    ``parser``: the server's ``--tool-call-parser``, whose format must be able to hold a selected
-    custom grammar tool to its grammar (a CapabilityError, 400, before generation otherwise)."""
+    ``check_turn``: what the decode side must refuse of the resolved turn before generation, once
+    the tools are read (the server's format cannot hold a selected custom grammar tool to its
+    grammar: a CapabilityError, 400); the caller lends it, so the request path imports no decoding."""
     request = normalise_fields(body, api)
     new = dict(request)
     changed = any(new.get(key) is not body.get(key) for key in new)
@@ -57,7 +57,8 @@ def rewrite_request(body: Mapping[str, Any], api: Api, placement: str = TEMPLATE
     original = body.get("tool_choice")
     original_tools = None
     custom = read_custom_tools(new.get("tools"), api)
-    refuse_uncarried_custom_tools(allowlist, parser)
+    if check_turn is not None:
+        check_turn(allowlist)
     if isinstance(new.get("tools"), list):
         tools = canonical_tools(custom.served_tools or new["tools"], api)
         if json.dumps(tools) != json.dumps(new["tools"]):   # order matters here, keys included

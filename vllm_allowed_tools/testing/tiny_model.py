@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..devtools.render import load_template, render_chat
+from ..templates.render import load_template, render_chat
 from ..settings import current
 from . import transcripts
 from .tool_pool import POOL, sample_catalog

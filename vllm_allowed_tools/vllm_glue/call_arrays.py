@@ -16,7 +16,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 
 from ..decode.grammar import call_array_schema
-from ..decode.stage import STAGE_LOGITS_PROCESSOR
+from ..settings import STAGE_LOGITS_PROCESSOR
 from ..errors import CapabilityError
 from ..formats import wire_format
 from ..wire import WireAllowlist

@@ -14,9 +14,9 @@ import json
 import logging
 from dataclasses import dataclass
 
-from ..decode.stage import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, choose_stage
+from ..decode.stage import choose_stage
 from ..errors import CapabilityError
-from ..settings import Settings, current
+from ..settings import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, Settings, current
 from .plugin import parser_names
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from vllm.tool_parsers import ToolParserManager
 
-from ..decode.stage import STAGE_LOGITS_PROCESSOR
+from ..settings import STAGE_LOGITS_PROCESSOR
 from ..errors import CapabilityError
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
