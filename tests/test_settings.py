@@ -14,6 +14,7 @@ import pytest
 from vllm_allowed_tools import settings as settings_module
 from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.settings import Settings, SettingsError, markdown_table, variable_rows
+from vllm_allowed_tools.testing.helper_settings import HelperSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "vllm_allowed_tools"
@@ -84,11 +85,8 @@ FIELD_CASES = {
     "grant_store_timeout_s": ({"1.5": 1.5}, {bad: "must be a positive number of seconds"
                                              for bad in ("0", "-1", "soon", "nan", "inf")}),
     "conformance_log": ({"/tmp/check.jsonl": Path("/tmp/check.jsonl")}, {}),
-    "server_ledger": ({"/tmp/starts.jsonl": Path("/tmp/starts.jsonl")}, {}),
-    "train_steps": ({"25": 25}, {"many": "must be a non-negative integer"}),
     "max_server_tool_calls": ({"3": 3}, {"-1": "must be a non-negative integer"}),
     "harmony_preamble_tokens": ({"512": 512, "0": 0}, {"-1": "must be a non-negative integer"}),
-    "cache": ({"/tmp/vat": Path("/tmp/vat")}, {}),
     "xgrammar_cache_mb": ({"64": 64}, {"big": "must be a non-negative integer"}),
     "tag_cache_entries": ({"16": 16}, {"lots": "must be a non-negative integer"}),
     "tag_cache_mb": ({"8": 8}, {"-3": "must be a non-negative integer"}),
@@ -99,33 +97,45 @@ FIELD_CASES = {
     "use_v2_model_runner": ({"0": False, "1": True, "false": False, "True": True},
                             {"maybe": "must be 0 or 1"}),
     "enforce_strict_tool_calling": ({"0": False, "True": True, "1": True, "yes": False}, {}),
-    "xdg_cache_home": ({"/tmp/xdg": Path("/tmp/xdg")}, {}),
-    "pytest_current_test": ({"tests/test_x.py::t (call)": "tests/test_x.py::t (call)"}, {}),
 }
+
+
+#: the test helpers' own variables (testing/helper_settings.py: never the served plugin's)
+HELPER_CASES = {
+    "cache": ({"/tmp/vat": Path("/tmp/vat")}, {}),
+    "pytest_current_test": ({"tests/test_x.py::t (call)": "tests/test_x.py::t (call)"}, {}),
+    "server_ledger": ({"/tmp/starts.jsonl": Path("/tmp/starts.jsonl")}, {}),
+    "train_steps": ({"25": 25}, {"many": "must be a non-negative integer"}),
+    "xdg_cache_home": ({"/tmp/xdg": Path("/tmp/xdg")}, {}),
+}
+CASES = [(Settings, field, FIELD_CASES[field]) for field in sorted(FIELD_CASES)] + \
+    [(HelperSettings, field, HELPER_CASES[field]) for field in sorted(HELPER_CASES)]
 
 
 def test_every_variable_has_cases_here():
     assert set(FIELD_CASES) == set(Settings.variables())
+    assert set(HELPER_CASES) == set(HelperSettings.variables())
+    assert not set(Settings.variables().values()) & set(HelperSettings.variables().values())
 
 
-@pytest.mark.parametrize("field", sorted(FIELD_CASES))
-def test_each_variable_is_parsed_and_a_bad_value_refused_naming_it(field):
-    variable = Settings.variable(field)
-    good, bad = FIELD_CASES[field]
+@pytest.mark.parametrize(("cls", "field", "cases"), CASES, ids=[f"{c.__name__}.{f}" for c, f, _ in CASES])
+def test_each_variable_is_parsed_and_a_bad_value_refused_naming_it(cls, field, cases):
+    variable = cls.variable(field)
+    good, bad = cases
     for raw, parsed in good.items():
-        assert getattr(Settings.from_environ({variable: raw}), field) == parsed, raw
+        assert getattr(cls.from_environ({variable: raw}), field) == parsed, raw
     for raw, words in bad.items():
         with pytest.raises(SettingsError) as error:
-            Settings.from_environ({variable: raw})
+            cls.from_environ({variable: raw})
         assert f"{variable}={raw!r} {words}" in str(error.value)
         assert error.value.status == 500 and error.value.capability == "config"
 
 
-@pytest.mark.parametrize("field", sorted(FIELD_CASES))
-def test_unset_and_empty_give_the_default(field):
-    default = Settings.model_fields[field].default
-    assert getattr(Settings.from_environ({}), field) == default
-    assert getattr(Settings.from_environ({Settings.variable(field): ""}), field) == default
+@pytest.mark.parametrize(("cls", "field", "cases"), CASES, ids=[f"{c.__name__}.{f}" for c, f, _ in CASES])
+def test_unset_and_empty_give_the_default(cls, field, cases):
+    default = cls.model_fields[field].default
+    assert getattr(cls.from_environ({}), field) == default
+    assert getattr(cls.from_environ({cls.variable(field): ""}), field) == default
 
 
 def test_every_bad_value_is_named_at_once_and_others_are_ignored():
@@ -189,14 +199,14 @@ def test_launch_args_defaults_and_other_spellings():
 # ------------------------------------------------------------------ the process's settings
 
 def test_current_is_read_once_until_reset(monkeypatch):
-    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "11")
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS", "11")
     monkeypatch.setattr(sys, "argv", ["vllm", "serve", "m"])
     first = settings_module.current()
-    assert first.train_steps == 11 and first.launch.model == "m"
-    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", "12")
+    assert first.max_server_tool_calls == 11 and first.launch.model == "m"
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS", "12")
     assert settings_module.current() is first
     settings_module.reset_for_tests()
-    assert settings_module.current().train_steps == 12
+    assert settings_module.current().max_server_tool_calls == 12
 
 
 def test_the_servers_command_line_is_changed_in_one_place(monkeypatch):

@@ -30,8 +30,8 @@ from .errors import CapabilityError
 from .launch import LaunchArgs
 from .request.placement import FILTER_CATALOG, PLACEMENTS
 
-__all__ = ["LaunchArgs", "Settings", "SettingsError", "current", "markdown_table",
-           "process_environment", "replace_server_command", "reset_for_tests", "variable_rows"]
+__all__ = ["EnvironmentSettings", "LaunchArgs", "Settings", "SettingsError", "current", "markdown_table",
+           "env_field", "process_environment", "replace_server_command", "reset_for_tests", "variable_rows"]
 
 #: which constraint stage serves allowed-tools grammars (``VLLM_ALLOWED_TOOLS_CONSTRAINT``; how
 #: ``auto`` picks one: :func:`.decode.stage.choose_stage`)
@@ -132,7 +132,7 @@ def _fallback(value: Any) -> Any:
     return value.strip() if isinstance(value, str) else value
 
 
-def _field(variable: str, description: str, default: Any = None, shown: str | None = None) -> Any:
+def env_field(variable: str, description: str, default: Any = None, shown: str | None = None) -> Any:
     """A settings field read from ``variable``; ``shown``: the default as the docs state it."""
     extra = {"default_text": shown} if shown is not None else None
     return Field(default, alias=variable, description=description, json_schema_extra=extra)
@@ -164,114 +164,19 @@ class _MappingSource(EnvSettingsSource):
         return {name: value for name, value in self._environ.items() if value != ""}
 
 
-class Settings(BaseSettings):
-    """The plugin's settings: one field per environment variable (an empty value counts as unset),
-    and the server's command line as :class:`LaunchArgs`."""
+class EnvironmentSettings(BaseSettings):
+    """One field per environment variable (:func:`env_field`; an empty value counts as unset),
+    read from a given mapping only (:meth:`read`): the plugin's :class:`Settings`, and the test
+    helpers' own (``testing/helper_settings.py``)."""
 
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, env_ignore_empty=True,
                                       enable_decoding=False, extra="ignore")
-
-    constraint: Stage = _field("VLLM_ALLOWED_TOOLS_CONSTRAINT", (
-        "Which stage constrains decoding to the allowed tools: `auto` (our logits processor on "
-        "CPU and where the structured-output backend cannot compile structural tags, vLLM's "
-        "native structured outputs elsewhere), `native` or `logits-processor`."), "auto")
-    placement: Placement = _field("VLLM_ALLOWED_TOOLS_PLACEMENT", (
-        "Where the per-turn policy enters the prompt: `auto` (the first placement the start-up "
-        "probe finds keeping the history a stable prefix), or one of `template-variable`, "
-        "`system-message`, `last-message`, `filter-catalog` (probed all the same)."), "auto")
-    fallback: Annotated[str | None, BeforeValidator(_fallback)] = _field(
-        "VLLM_ALLOWED_TOOLS_FALLBACK", (
-            "`filter-catalog`: where no placement passes the probe, send only the allowed tools "
-            "instead of stopping start-up (breaks prompt-cache reuse when the subset changes)."))
-    plain_decoding: PlainDecoding = _field("VLLM_ALLOWED_TOOLS_PLAIN_DECODING", (
-        "How a plain `auto` request decodes: `catalog` (only the request's own tool names can be "
-        "called) or `vanilla` (as vLLM decodes it; the output guard still refuses a name outside "
-        "the catalog)."), PLAIN_CATALOG)
-    argument_schemas: ArgumentSchemas = _field("VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS", (
-        "Which calls' arguments the grammar holds to the tool's JSON schema (in `required` and "
-        "named turns, and after an `auto` trigger): `all` (every tool, `strict` or not, as vLLM's "
-        "`--tool-strict-level parameter`; a schema xgrammar cannot compile is held to an object, "
-        "said once in the log) or `strict` (only `strict: true` tools, vLLM's default). The guard "
-        "refuses only what `strict` promises either way."), SCHEMAS_ALL)
-    max_json_whitespace: WholeNumber | None = _field("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", (
-        "The most whitespace characters the grammar admits between JSON tokens of a call's "
-        "arguments (0 counts as 1, xgrammar's least); unset: no limit."))
-    harmony_preamble_tokens: WholeNumber = _field("VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS", (
-        "gpt-oss: the most tokens each of the two preamble messages (analysis, then commentary) "
-        "of a `required` turn may hold before its call, lowered per request to half of what its "
-        "`max_tokens` leaves after the shortest allowed call, so that call always fits; 0: only "
-        "that (`auto` turns have none)."), 2048)
-    extra_parsers: Names = _field("VLLM_ALLOWED_TOOLS_EXTRA_PARSERS", (
-        "Comma-separated parser names the operator vouches for (their own subclasses of our "
-        "parser wrappers, loaded with `--tool-parser-plugin`): accepted at start-up like ours."),
-        frozenset())
-    approval_policy: Path | None = _field("VLLM_ALLOWED_TOOLS_APPROVAL_POLICY", (
-        "The operator's approval policy file (docs/approvals.md); unset: approvals off. A policy "
-        "file that cannot be read stops start-up."))
-    grant_store: str | None = _field("VLLM_ALLOWED_TOOLS_GRANT_STORE", (
-        "The grant store: a SQLite path, `sqlite:PATH` or a `postgresql://` DSN (also the "
-        "default `--db` of the grants command)."), shown="`grants.db` next to the policy file")
-    max_server_tool_calls: WholeNumber = _field("VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS", (
-        "The most server-side tool calls vLLM's loop runs in one response (vLLM's own loop has "
-        "no bound); the call past it ends the response unrun, as `max_tool_calls` does, which a "
-        "request can set lower."), 16)
-    grant_store_timeout_s: Seconds = _field("VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT", (
-        "Seconds a grant-store operation may wait (SQLite busy timeout, PostgreSQL connect and "
-        "lock timeouts) before the store counts as unavailable."), 5.0)
-    conformance_log: Path | None = _field("VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG", (
-        "Open Responses check mode: every Responses object and event the server sends is "
-        "validated after all rewriting, one JSON line each appended to this file."))
-    server_ledger: Path | None = _field("VLLM_ALLOWED_TOOLS_SERVER_LEDGER", (
-        "Test helpers: every server they start is recorded in this JSON-lines file (the test "
-        "session's start ledger)."))
-    train_steps: WholeNumber = _field("VLLM_ALLOWED_TOOLS_TRAIN_STEPS", (
-        "Test helpers: training steps of the trained tiny models (`tool-happy`, `thinking`)."), 700)
-    cache: Path | None = _field("VLLM_ALLOWED_TOOLS_CACHE", (
-        "Test helpers: where the tiny models are built and kept (in `models/` below it)."),
-        shown="`$XDG_CACHE_HOME/vllm-allowed-tools`")
-    xgrammar_cache_mb: WholeNumber = _field("VLLM_XGRAMMAR_CACHE_MB", (
-        "vLLM's: the logits-processor stage gives its xgrammar compiler the cache budget vLLM's "
-        "xgrammar backend takes (megabytes)."), 512)
-    tag_cache_entries: WholeNumber = _field("VLLM_ALLOWED_TOOLS_TAG_CACHE_ENTRIES", (
-        "The most built structural tags the API server keeps (one per catalog, subset and mode "
-        "seen; least recently used go first)."), 512)
-    tag_cache_mb: WholeNumber = _field("VLLM_ALLOWED_TOOLS_TAG_CACHE_MB", (
-        "The most memory (megabytes, estimated from each tag's JSON) the built tags take; the "
-        "least recently used go first (docs/benchmarks.md has the growth)."), 64)
-    grammar_cache_entries: WholeNumber = _field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_ENTRIES", (
-        "The most compiled grammars (subsets, envelopes, catalogs) the logits-processor stage "
-        "keeps per tokenizer."), 256)
-    grammar_cache_mb: WholeNumber = _field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_MB", (
-        "The most memory (megabytes, xgrammar's own count) those compiled grammars take per "
-        "tokenizer: one takes 2-15 MB at a 150K vocabulary."), 512)
-    api_key_set: Annotated[bool, BeforeValidator(_present)] = _field("VLLM_API_KEY", (
-        "vLLM's API key (the plugin reads only whether one is set): vLLM's authentication must "
-        "run before the middleware, or the server does not start."), False, shown="unset")
-    target_device: Annotated[str | None, BeforeValidator(_lowered)] = _field(
-        "VLLM_TARGET_DEVICE", (
-            "vLLM's: `cpu` makes `auto` choose the logits-processor stage; unset: the device vLLM "
-            "detects."))
-    use_v2_model_runner: OptionalFlag = _field("VLLM_USE_V2_MODEL_RUNNER", (
-        "vLLM's: our logits processor runs on the V1 model runner only, so off CPU the "
-        "logits-processor stage needs 0 here; unset: vLLM's default."))
-    enforce_strict_tool_calling: Annotated[bool, BeforeValidator(_vllm_true)] = _field(
-        "VLLM_ENFORCE_STRICT_TOOL_CALLING", (
-            "vLLM's (on only as `true` or `1`, as vLLM reads it): off turns structural tags off, "
-            "so start-up stops."), True, shown="`true`")
-    xdg_cache_home: Path | None = _field("XDG_CACHE_HOME", (
-        "Test helpers: the tiny models' cache is below it when `VLLM_ALLOWED_TOOLS_CACHE` is "
-        "unset."), shown="`~/.cache`")
-    pytest_current_test: str | None = _field("PYTEST_CURRENT_TEST", (
-        "Set by pytest: the test a server start is recorded under in the start ledger."))
-
-    launch: LaunchArgs = Field(default_factory=LaunchArgs, exclude=True,
-                               description="the server's command line")
 
     @classmethod
     def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: Any,
                                    env_settings: Any, dotenv_settings: Any,
                                    file_secret_settings: Any) -> tuple[Any, ...]:
-        # values come from from_environ's mapping only: no .env file, no secrets folder
+        # values come from the given mapping only: no .env file, no secrets folder
         return (init_settings,)
 
     @classmethod
@@ -284,15 +189,109 @@ class Settings(BaseSettings):
         return cls.variables()[field]
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str], argv: Sequence[str] = ()) -> Settings:
-        """The settings an environment and a command line make; raises SettingsError naming every
-        variable whose value cannot be used."""
+    def parsed(cls, environ: Mapping[str, str], **fields: Any) -> Any:
+        """The settings ``environ`` makes (with ``fields`` that come from elsewhere); raises
+        SettingsError naming every variable whose value cannot be used."""
         names = set(cls.variables().values())
         read = _MappingSource(cls, {key: value for key, value in environ.items() if key in names})()
         try:
-            return cls(**read, launch=LaunchArgs.from_argv(argv))
+            return cls(**read, **fields)
         except ValidationError as exc:
             raise SettingsError(_explain(exc, environ), _refused_variables(exc)) from None
+
+
+class Settings(EnvironmentSettings):
+    """The plugin's settings: one field per environment variable (an empty value counts as unset),
+    and the server's command line as :class:`LaunchArgs`."""
+
+    constraint: Stage = env_field("VLLM_ALLOWED_TOOLS_CONSTRAINT", (
+        "Which stage constrains decoding to the allowed tools: `auto` (our logits processor on "
+        "CPU and where the structured-output backend cannot compile structural tags, vLLM's "
+        "native structured outputs elsewhere), `native` or `logits-processor`."), "auto")
+    placement: Placement = env_field("VLLM_ALLOWED_TOOLS_PLACEMENT", (
+        "Where the per-turn policy enters the prompt: `auto` (the first placement the start-up "
+        "probe finds keeping the history a stable prefix), or one of `template-variable`, "
+        "`system-message`, `last-message`, `filter-catalog` (probed all the same)."), "auto")
+    fallback: Annotated[str | None, BeforeValidator(_fallback)] = env_field(
+        "VLLM_ALLOWED_TOOLS_FALLBACK", (
+            "`filter-catalog`: where no placement passes the probe, send only the allowed tools "
+            "instead of stopping start-up (breaks prompt-cache reuse when the subset changes)."))
+    plain_decoding: PlainDecoding = env_field("VLLM_ALLOWED_TOOLS_PLAIN_DECODING", (
+        "How a plain `auto` request decodes: `catalog` (only the request's own tool names can be "
+        "called) or `vanilla` (as vLLM decodes it; the output guard still refuses a name outside "
+        "the catalog)."), PLAIN_CATALOG)
+    argument_schemas: ArgumentSchemas = env_field("VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS", (
+        "Which calls' arguments the grammar holds to the tool's JSON schema (in `required` and "
+        "named turns, and after an `auto` trigger): `all` (every tool, `strict` or not, as vLLM's "
+        "`--tool-strict-level parameter`; a schema xgrammar cannot compile is held to an object, "
+        "said once in the log) or `strict` (only `strict: true` tools, vLLM's default). The guard "
+        "refuses only what `strict` promises either way."), SCHEMAS_ALL)
+    max_json_whitespace: WholeNumber | None = env_field("VLLM_ALLOWED_TOOLS_MAX_JSON_WHITESPACE", (
+        "The most whitespace characters the grammar admits between JSON tokens of a call's "
+        "arguments (0 counts as 1, xgrammar's least); unset: no limit."))
+    harmony_preamble_tokens: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_HARMONY_PREAMBLE_TOKENS", (
+        "gpt-oss: the most tokens each of the two preamble messages (analysis, then commentary) "
+        "of a `required` turn may hold before its call, lowered per request to half of what its "
+        "`max_tokens` leaves after the shortest allowed call, so that call always fits; 0: only "
+        "that (`auto` turns have none)."), 2048)
+    extra_parsers: Names = env_field("VLLM_ALLOWED_TOOLS_EXTRA_PARSERS", (
+        "Comma-separated parser names the operator vouches for (their own subclasses of our "
+        "parser wrappers, loaded with `--tool-parser-plugin`): accepted at start-up like ours."),
+        frozenset())
+    approval_policy: Path | None = env_field("VLLM_ALLOWED_TOOLS_APPROVAL_POLICY", (
+        "The operator's approval policy file (docs/approvals.md); unset: approvals off. A policy "
+        "file that cannot be read stops start-up."))
+    grant_store: str | None = env_field("VLLM_ALLOWED_TOOLS_GRANT_STORE", (
+        "The grant store: a SQLite path, `sqlite:PATH` or a `postgresql://` DSN (also the "
+        "default `--db` of the grants command)."), shown="`grants.db` next to the policy file")
+    max_server_tool_calls: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_MAX_SERVER_TOOL_CALLS", (
+        "The most server-side tool calls vLLM's loop runs in one response (vLLM's own loop has "
+        "no bound); the call past it ends the response unrun, as `max_tool_calls` does, which a "
+        "request can set lower."), 16)
+    grant_store_timeout_s: Seconds = env_field("VLLM_ALLOWED_TOOLS_GRANT_STORE_TIMEOUT", (
+        "Seconds a grant-store operation may wait (SQLite busy timeout, PostgreSQL connect and "
+        "lock timeouts) before the store counts as unavailable."), 5.0)
+    conformance_log: Path | None = env_field("VLLM_ALLOWED_TOOLS_CONFORMANCE_LOG", (
+        "Open Responses check mode: every Responses object and event the server sends is "
+        "validated after all rewriting, one JSON line each appended to this file."))
+    xgrammar_cache_mb: WholeNumber = env_field("VLLM_XGRAMMAR_CACHE_MB", (
+        "vLLM's: the logits-processor stage gives its xgrammar compiler the cache budget vLLM's "
+        "xgrammar backend takes (megabytes)."), 512)
+    tag_cache_entries: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_TAG_CACHE_ENTRIES", (
+        "The most built structural tags the API server keeps (one per catalog, subset and mode "
+        "seen; least recently used go first)."), 512)
+    tag_cache_mb: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_TAG_CACHE_MB", (
+        "The most memory (megabytes, estimated from each tag's JSON) the built tags take; the "
+        "least recently used go first (docs/benchmarks.md has the growth)."), 64)
+    grammar_cache_entries: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_ENTRIES", (
+        "The most compiled grammars (subsets, envelopes, catalogs) the logits-processor stage "
+        "keeps per tokenizer."), 256)
+    grammar_cache_mb: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_MB", (
+        "The most memory (megabytes, xgrammar's own count) those compiled grammars take per "
+        "tokenizer: one takes 2-15 MB at a 150K vocabulary."), 512)
+    api_key_set: Annotated[bool, BeforeValidator(_present)] = env_field("VLLM_API_KEY", (
+        "vLLM's API key (the plugin reads only whether one is set): vLLM's authentication must "
+        "run before the middleware, or the server does not start."), False, shown="unset")
+    target_device: Annotated[str | None, BeforeValidator(_lowered)] = env_field(
+        "VLLM_TARGET_DEVICE", (
+            "vLLM's: `cpu` makes `auto` choose the logits-processor stage; unset: the device vLLM "
+            "detects."))
+    use_v2_model_runner: OptionalFlag = env_field("VLLM_USE_V2_MODEL_RUNNER", (
+        "vLLM's: our logits processor runs on the V1 model runner only, so off CPU the "
+        "logits-processor stage needs 0 here; unset: vLLM's default."))
+    enforce_strict_tool_calling: Annotated[bool, BeforeValidator(_vllm_true)] = env_field(
+        "VLLM_ENFORCE_STRICT_TOOL_CALLING", (
+            "vLLM's (on only as `true` or `1`, as vLLM reads it): off turns structural tags off, "
+            "so start-up stops."), True, shown="`true`")
+
+    launch: LaunchArgs = Field(default_factory=LaunchArgs, exclude=True,
+                               description="the server's command line")
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], argv: Sequence[str] = ()) -> Settings:
+        """The settings an environment and a command line make; raises SettingsError naming every
+        variable whose value cannot be used."""
+        return cls.parsed(environ, launch=LaunchArgs.from_argv(argv))
 
     def with_command_line(self, argv: Sequence[str]) -> Settings:
         """These settings with another server command line (``vllm-allowed-tools check`` builds

@@ -9,17 +9,16 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from ..settings import Settings, process_environment
+from .helper_settings import HelperSettings
 
 #: a JSON-lines file each started server is recorded in (the test session's start ledger:
 #: tests/conftest.py prints what the starts cost, by test group)
-SERVER_LEDGER_ENV = Settings.variable("server_ledger")
+SERVER_LEDGER_ENV = HelperSettings.variable("server_ledger")
 
 
 def record_start(model_dir: Path, parser: str, extra_args: Sequence[str], vanilla: bool,
                  one_flag: bool, seconds: float) -> None:
-    # read now, not from the process's settings: the ledger and the test change during a session
-    settings = Settings.from_environ(process_environment())
+    settings = HelperSettings.from_environ()   # read now: the ledger and the test change
     ledger = settings.server_ledger
     if ledger is None:
         return

@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..templates.render import load_template, render_chat
-from ..settings import current
 from . import transcripts
+from .helper_settings import HelperSettings
 from .tool_pool import POOL, sample_catalog
 from .transcripts import USER_ASKS, assistant_spans, render_training_text
 
@@ -53,7 +53,7 @@ _PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
                       r"""[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 VOCAB_SIZE = 2048
 MARKER_FILE = "vllm_allowed_tools_model.json"
-TRAIN_STEPS = current().train_steps
+TRAIN_STEPS = HelperSettings.from_environ().train_steps
 THINKING_STEPS_DIVISOR = 4   # thinking fine-tunes tool-happy for a quarter of its steps
 
 class TinyModelError(RuntimeError):
@@ -314,8 +314,9 @@ def positions_of(path: Path) -> int | None:
 
 
 def default_cache_dir() -> Path:
-    root = current().cache or os.path.join(
-        current().xdg_cache_home or os.path.expanduser("~/.cache"), "vllm-allowed-tools")
+    helpers = HelperSettings.from_environ()
+    root = helpers.cache or os.path.join(
+        helpers.xdg_cache_home or os.path.expanduser("~/.cache"), "vllm-allowed-tools")
     return Path(root) / "models"
 
 
