@@ -67,6 +67,8 @@ def test_parser_names_and_classes_are_the_ones_vllm_is_told_about():
         "allowed_phi4_mini_json": "AllowedPhi4MiniJsonToolParser",
     }
     assert len(set(names.values())) == len(names)   # one class per parser
+    from vllm_allowed_tools.vllm_glue.plugin import PARSER_CLASSES
+    assert PARSER_CLASSES == names   # the classes listed where grep finds them
     assert wire_format("allowed_hermes") is wire_format("hermes")
 
 

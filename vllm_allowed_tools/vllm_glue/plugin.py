@@ -26,6 +26,34 @@ PARSERS_MODULE = "vllm_allowed_tools.vllm_glue.parsers"
 MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
 
 
+#: the parser classes ``parsers.py`` makes (``AllowedToolsMixin`` over vLLM's parser of the format),
+#: by the parser name vLLM is told: built on first use behind that module's ``__getattr__``, so
+#: they are named here, where grep finds them (a test keeps this equal to the format registry)
+PARSER_CLASSES = {
+    "allowed_deepseek_v3": "AllowedDeepseekV3ToolParser",
+    "allowed_deepseek_v31": "AllowedDeepseekV31ToolParser",
+    "allowed_glm45": "AllowedGlm45ToolParser",
+    "allowed_glm47": "AllowedGlm47ToolParser",
+    "allowed_granite": "AllowedGraniteToolParser",
+    "allowed_granite4": "AllowedGranite4ToolParser",
+    "allowed_hermes": "AllowedHermesToolParser",
+    "allowed_kimi_k2": "AllowedKimiK2ToolParser",
+    "allowed_llama3_json": "AllowedLlama3JsonToolParser",
+    "allowed_llama4_json": "AllowedLlama4JsonToolParser",
+    "allowed_llama4_pythonic": "AllowedLlama4PythonicToolParser",
+    "allowed_longcat": "AllowedLongcatToolParser",
+    "allowed_minimax_m2": "AllowedMinimaxM2ToolParser",
+    "allowed_mistral": "AllowedMistralToolParser",
+    "allowed_openai": "AllowedOpenaiToolParser",
+    "allowed_phi4_mini_json": "AllowedPhi4MiniJsonToolParser",
+    "allowed_pythonic": "AllowedPythonicToolParser",
+    "allowed_qwen3_coder": "AllowedQwen3CoderToolParser",
+    "allowed_qwen3_xml": "AllowedQwen3XmlToolParser",
+    "allowed_seed_oss": "AllowedSeedOssToolParser",
+    "allowed_xlam": "AllowedXlamToolParser",
+}
+
+
 def parser_names() -> list[str]:
     """Our parser names (``allowed_<base>``), one per registered wire format."""
     return [entry.parser_name for entry in wire_formats()]
@@ -71,7 +99,7 @@ def register_parsers() -> list[str]:
     for entry in wire_formats():
         name = entry.parser_name
         if name not in ToolParserManager.lazy_parsers and name not in ToolParserManager.tool_parsers:
-            ToolParserManager.register_lazy_module(name, PARSERS_MODULE, entry.parser_class_name)
+            ToolParserManager.register_lazy_module(name, PARSERS_MODULE, PARSER_CLASSES[name])
             added.append(name)
     if added:
         logger.debug("vllm-allowed-tools: registered parsers %s", ", ".join(added))
