@@ -12,6 +12,7 @@ import json
 import pytest
 
 from vllm_allowed_tools.asgi.middleware import _output_contract, _output_filter
+from vllm_allowed_tools.decode.custom_capability import refuse_uncarried_custom_tools
 from vllm_allowed_tools.errors import AllowedToolsError, CapabilityError, InvalidSelectionError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
 from vllm_allowed_tools.request.identity import custom_parameters
@@ -29,6 +30,12 @@ from vllm_allowed_tools.testing.grammar_read import tag_nodes
 from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
 from support.guard import run_guard
+
+
+def _for(parser: str):
+    """What the middleware lends rewrite_request for a server on ``parser``."""
+    return lambda turn: refuse_uncarried_custom_tools(turn, parser)
+
 
 DIGITS = r"[0-9]{4}"
 PIN = {"type": "custom", "custom": {"name": "pin", "description": "A four-digit pin.",
@@ -100,7 +107,7 @@ def test_two_chat_custom_tools_of_one_name_are_refused():
 @pytest.mark.parametrize("entry", [custom("pin"), {"type": "custom", "name": "pin"}])
 def test_allowed_tools_selects_chat_custom_tools_in_both_shapes(entry):
     rewritten = rewrite_request(chat(EXEC, PIN, NOTE, tool_choice=select("required", entry)), "chat",
-                                parser="hermes")
+                                check_turn=_for("hermes"))
     assert rewritten.allowlist.allowed_flat_names == ("pin",)
     assert rewritten.allowlist.allows("custom", "pin") and not rewritten.allowlist.allows("function", "pin")
     assert rewritten.body["tool_choice"] == "required"
@@ -136,7 +143,7 @@ def test_a_chat_custom_tool_and_a_function_of_one_name_are_ambiguous():
 
 
 def test_a_named_chat_custom_choice_reaches_vllm_as_that_named_function():
-    rewritten = rewrite_request(chat(EXEC, PIN, NOTE, tool_choice=custom("pin")), "chat", parser="hermes")
+    rewritten = rewrite_request(chat(EXEC, PIN, NOTE, tool_choice=custom("pin")), "chat", check_turn=_for("hermes"))
     assert rewritten.allowlist.choice == "named" and rewritten.allowlist.allowed_flat_names == ("pin",)
     assert rewritten.body["tool_choice"] == {"type": "function", "function": {"name": "pin"}}
     wire = WireAllowlist.from_wire(rewritten.body[ALLOWLIST_KEY])   # decoded with its grammar
@@ -172,7 +179,7 @@ def plain_choice_body(api: str, choice: str) -> dict:
 @pytest.mark.parametrize("choice", ["required", "named"])
 def test_plain_required_and_named_custom_choices_carry_the_custom_grammar_to_the_wrapper(api, choice):
     body = plain_choice_body(api, choice)
-    rewritten = rewrite_request(body, api, parser="hermes")
+    rewritten = rewrite_request(body, api, check_turn=_for("hermes"))
     wire = WireAllowlist.from_wire(rewritten.body[ALLOWLIST_KEY])
     assert wire.mode == "required" and wire.custom["pin"] == ("regex", DIGITS)
     assert wire.allowed == ({"pin"} if choice == "named" else {"pin", "exec_command"})
@@ -182,7 +189,7 @@ def test_plain_required_and_named_custom_choices_carry_the_custom_grammar_to_the
 def test_a_plain_turn_without_a_grammar_tool_keeps_vllms_own_grammar():
     for choice in ("required", custom("note")):
         assert ALLOWLIST_KEY not in rewrite_request(chat(EXEC, NOTE, tool_choice=choice), "chat",
-                                                    parser="hermes").body
+                                                    check_turn=_for("hermes")).body
 
 
 @pytest.mark.parametrize("choice", ["required", "named", "allowed"])
@@ -190,9 +197,9 @@ def test_a_format_that_cannot_carry_the_grammar_in_the_mode_is_a_400_before_gene
     tool_choice = {"required": "required", "named": custom("pin"),
                    "allowed": select("required", custom("pin"))}[choice]
     with pytest.raises(CapabilityError) as caught:
-        rewrite_request(chat(EXEC, PIN, tool_choice=tool_choice), "chat", parser="mistral")
+        rewrite_request(chat(EXEC, PIN, tool_choice=tool_choice), "chat", check_turn=_for("mistral"))
     assert "'pin'" in caught.value.message and "(mistral)" in caught.value.message
-    rewrite_request(chat(EXEC, PIN, tool_choice="auto"), "chat", parser="mistral")   # no grammar there
+    rewrite_request(chat(EXEC, PIN, tool_choice="auto"), "chat", check_turn=_for("mistral"))   # no grammar there
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -213,7 +220,7 @@ def test_the_wrapper_builds_the_custom_input_grammar_for_required_and_named(monk
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as Request
     else:
         from vllm.entrypoints.openai.responses.protocol import ResponsesRequest as Request
-    request = Request(**rewrite_request(plain_choice_body(api, choice), api, parser="hermes").body)
+    request = Request(**rewrite_request(plain_choice_body(api, choice), api, check_turn=_for("hermes")).body)
     wrapper = ToolParserManager.get_tool_parser("allowed_hermes")(
         AutoTokenizer.from_pretrained(str(ensure_model("random"))))
     tag = json.loads(wrapper.adjust_request(request).structured_outputs.structural_tag)
@@ -303,7 +310,7 @@ def test_what_the_decoding_could_not_stream_goes_out_with_the_chunk_that_ends_th
 
 def turn(tool_choice, *tools):
     body = chat(*(tools or (EXEC, PIN, NOTE)), tool_choice=tool_choice)
-    rewritten = rewrite_request(body, "chat", parser="hermes")
+    rewritten = rewrite_request(body, "chat", check_turn=_for("hermes"))
     data = rewritten.request
     return (_output_filter(rewritten, data, "chat"),
             _output_contract(rewritten, data, "chat", strict_all=False),
