@@ -14,6 +14,7 @@ import random
 from typing import Any
 
 import pytest
+from support.guard import send_plan
 
 from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, GrantStoreUnavailable, \
     open_engine
@@ -147,8 +148,7 @@ def _serve(status: int, commit) -> tuple[list[dict[str, Any]], bool]:
         await asyncio.sleep(3600)
 
     async def app():
-        send = GuardedSend(client_send, "responses", None, (False, None), stop, (2, 4),
-                           commit=commit)
+        send = GuardedSend(client_send, send_plan("responses", None, commit=commit), stop, (2, 4))
         receive = stop.receive(b"{}", client_receive)
         await receive()
         await send({"type": "http.response.start", "status": status,

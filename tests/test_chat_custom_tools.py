@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from vllm_allowed_tools.asgi.middleware import _output_contract, _output_filter
+from vllm_allowed_tools.asgi.turn_plan import output_contract, output_filter
 from vllm_allowed_tools.decode.custom_capability import refuse_uncarried_custom_tools
 from vllm_allowed_tools.errors import AllowedToolsError, CapabilityError, InvalidSelectionError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
@@ -312,8 +312,8 @@ def turn(tool_choice, *tools):
     body = chat(*(tools or (EXEC, PIN, NOTE)), tool_choice=tool_choice)
     rewritten = rewrite_request(body, "chat", check_turn=_for("hermes"))
     data = rewritten.request
-    return (_output_filter(rewritten, data, "chat"),
-            _output_contract(rewritten, data, "chat", strict_all=False),
+    return (output_filter(rewritten, data, "chat"),
+            output_contract(rewritten, data, "chat", strict_all=False),
             read_custom_tools(data["tools"], "chat").names)
 
 

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 
-from vllm_allowed_tools.asgi.middleware import _output_contract
+from vllm_allowed_tools.asgi.turn_plan import output_contract
 from vllm_allowed_tools.errors import AllowedToolsError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
 from vllm_allowed_tools.request.rewrite import echo_of, restore_echo, rewrite_request
@@ -100,7 +100,7 @@ def test_a_grammar_is_compiled_once_per_digest():
 
 def _contract(request):
     rewritten = rewrite_request(request, "responses")
-    return _output_contract(rewritten, rewritten.request, "responses", strict_all=False)
+    return output_contract(rewritten, rewritten.request, "responses", strict_all=False)
 
 
 def _response(*items):
@@ -259,7 +259,7 @@ def test_a_named_custom_choice_allows_that_custom_tool_only():
 def test_the_guard_lets_out_exactly_the_selected_custom_tools():
     request = body(EXEC, APPLY_PATCH, DIGITS, tool_choice=select("required", custom("pin")))
     rewritten = rewrite_request(request, "responses")
-    contract = _output_contract(rewritten, rewritten.request, "responses", strict_all=False)
+    contract = output_contract(rewritten, rewritten.request, "responses", strict_all=False)
     check_responses_object(_response(_custom_call("pin", "2024")), rewritten.allowlist, contract=contract)
     with pytest.raises(AllowedToolsViolation) as caught:
         check_responses_object(_response(_custom_call("apply_patch", PATCH)), rewritten.allowlist,

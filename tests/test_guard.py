@@ -36,8 +36,8 @@ from vllm_allowed_tools.request.rewrite import rewrite_request
 from vllm_allowed_tools.testing.tool_pool import POOL
 from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
-from support.guard import (DATA, chat_calls, load, renumber, responses_calls, sse_events, stream,
-                           with_reasoning)
+from support.guard import (DATA, chat_calls, load, renumber, responses_calls, send_plan, sse_events,
+                           stream, with_reasoning)
 
 NAMES = [tool.name for tool in POOL[:8]]   # the catalog every recording used
 TERMINAL = {"response.completed", "response.incomplete", "response.failed", "error"}
@@ -651,8 +651,8 @@ def _unary_through_the_guard(body: bytes, client_leaves: bool) -> list[dict[str,
 
     async def scenario() -> None:
         stop = StopSignal()
-        send = GuardedSend(client_send, "chat", AllowedNames(frozenset({"get_weather"})), {}, stop,
-                           (2, 4))
+        send = GuardedSend(client_send, send_plan("chat", AllowedNames(frozenset({"get_weather"}))),
+                           stop, (2, 4))
         receive = stop.receive(b"{}", client_receive)
         await receive()   # the request body
         listener = asyncio.ensure_future(receive())

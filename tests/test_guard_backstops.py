@@ -31,7 +31,7 @@ from vllm_allowed_tools.approvals.chat import ChatCallFilter
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
 from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
-from vllm_allowed_tools.asgi.middleware import _output_contract
+from vllm_allowed_tools.asgi.turn_plan import output_contract
 from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.request.rewrite import rewrite_request
@@ -51,7 +51,7 @@ from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.settings import Settings
 from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
-from support.guard import DATA, load, responses_calls, run_guard, stream, with_reasoning
+from support.guard import DATA, load, responses_calls, run_guard, send_plan, stream, with_reasoning
 
 NAMES = [tool.name for tool in POOL[:8]]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
@@ -103,7 +103,7 @@ def contract(api: str, choice: str = "auto", *, strict: bool = False,
              strict_all: bool = False) -> OutputContract:
     """The contract the middleware builds for a request with this tool_choice."""
     request = body(api, CHOICES[choice][0](api), strict=strict)
-    return _output_contract(rewrite_request(request, api), request, api, strict_all=strict_all)
+    return output_contract(rewrite_request(request, api), request, api, strict_all=strict_all)
 
 
 def policy(api: str, choice: str = "auto") -> Any:
@@ -175,7 +175,7 @@ def test_a_choice_left_to_vllm_still_gets_argument_checks_from_the_catalog():
     request = body("responses", {"type": "custom", "name": "x"}, strict=True)  # not ours to model
     rewritten = rewrite_request(request, "responses")
     assert rewritten.allowlist is None
-    made = _output_contract(rewritten, request, "responses", strict_all=False)
+    made = output_contract(rewritten, request, "responses", strict_all=False)
     assert not made.requires_call()
     assert made.arguments_refusal(WEATHER.name, INVALID).reason == "strict_arguments_invalid"
 
@@ -524,7 +524,7 @@ def catalog_body(name: str) -> dict[str, Any]:
 def recorded_contract(name: str, **kwargs: Any) -> OutputContract:
     api = "chat" if name.startswith("chat") else "responses"
     request = catalog_body(name)
-    return _output_contract(rewrite_request(request, api), request, api, strict_all=False, **kwargs)
+    return output_contract(rewrite_request(request, api), request, api, strict_all=False, **kwargs)
 
 
 def assert_failed(out: list[dict[str, Any]], reason: str) -> dict[str, Any]:
@@ -733,7 +733,7 @@ def test_over_raw_sse_streams_meeting_the_contract_pass_byte_for_byte(name, size
     api = "chat" if name.startswith("chat") else "responses"
     request = catalog_body(name)
     request["tool_choice"] = GOOD_STREAMS[name]
-    made = _output_contract(rewrite_request(request, api), request, api, strict_all=False)
+    made = output_contract(rewrite_request(request, api), request, api, strict_all=False)
     assert made.requires_call() is (GOOD_STREAMS[name] == "required")
     names = AllowedNames(NAMES)
     guard = ChatStreamGuard(names, contract=made) if api == "chat" \
@@ -796,7 +796,7 @@ def serve(api: str, request: dict[str, Any], answer: bytes, *, sse: bool, approv
           call_filter: Any = None) -> tuple[int, bytes]:
     """An app's answer through the middleware's response side, with the request's contract."""
     rewritten = rewrite_request(request, api)
-    made = _output_contract(rewritten, request, api, strict_all=False)
+    made = output_contract(rewritten, request, api, strict_all=False)
     call_filter = call_filter or AllowedNames.from_request(request, api)
     stop, sent = StopSignal(), []
 
@@ -804,7 +804,8 @@ def serve(api: str, request: dict[str, Any], answer: bytes, *, sse: bool, approv
         sent.append(message)
 
     async def app():
-        send = GuardedSend(client_send, api, call_filter, {}, stop, (2, 4), approvals, contract=made)
+        send = GuardedSend(client_send, send_plan(api, call_filter, request, contract=made,
+                                               approvals=approvals), stop, (2, 4))
         kind = b"text/event-stream" if sse else b"application/json"
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
         await send({"type": "http.response.body", "body": answer, "more_body": False})

@@ -308,6 +308,7 @@ def _serve(status: int, headers: list[tuple[bytes, bytes]], bodies: list[bytes],
     ``_GuardedSend``, as it wraps a plain Chat request (``tool_choice: required`` over two pool
     tools; ``tools=False``: no tools, so no policy): (status, lowercased headers, body the client
     got, whether the app was told to stop)."""
+    from support.guard import send_plan
     from vllm_allowed_tools.asgi.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
 
     policy = AllowedNames(tool.name for tool in POOL[:2]) if tools else None
@@ -321,7 +322,7 @@ def _serve(status: int, headers: list[tuple[bytes, bytes]], bodies: list[bytes],
         await asyncio.sleep(3600)
 
     async def app():
-        send = _GuardedSend(client_send, "chat", policy, (False, None), stop, (2, 3))
+        send = _GuardedSend(client_send, send_plan("chat", policy), stop, (2, 3))
         receive = stop.receive(b"{}", client_receive)
         await receive()
         await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -416,6 +417,7 @@ def test_error_answers_and_requests_without_tools_pass_as_they_are():
 @pytest.mark.parametrize("content_type", [b"application/json", b"text/event-stream"])
 def test_a_body_sent_past_the_guard_is_refused(content_type):
     """``http.response.pathsend`` (a body from a file, an ASGI extension) never passes the guard."""
+    from support.guard import send_plan
     from vllm_allowed_tools.asgi.guarded_send import GuardedSend as _GuardedSend, StopSignal as _Stop
 
     before = _unreadable()
@@ -425,7 +427,7 @@ def test_a_body_sent_past_the_guard_is_refused(content_type):
         sent.append(message)
 
     async def run():
-        send = _GuardedSend(client_send, "chat", AllowedNames(NAMES), (False, None), _Stop(), (2, 3))
+        send = _GuardedSend(client_send, send_plan("chat", AllowedNames(NAMES)), _Stop(), (2, 3))
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", content_type)]})
         await send({"type": "http.response.pathsend", "path": "/etc/hostname"})

@@ -14,7 +14,7 @@ import xgrammar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_allowed_tools.asgi.middleware import _output_contract
+from vllm_allowed_tools.asgi.turn_plan import output_contract
 from vllm_allowed_tools.decode import argument_schemas
 from vllm_allowed_tools.decode.argument_slots import clear_slot_cache
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, clear_tag_cache
@@ -104,7 +104,7 @@ def _contract(strict: bool):
             "tool_choice": {"type": "allowed_tools", "allowed_tools": {
                 "mode": "required", "tools": [{"type": "function", "function": {"name": "search"}}]}}}
     rewritten = rewrite_request(json.loads(json.dumps(body)), "chat")
-    return _output_contract(rewritten, body, "chat", strict_all=False)
+    return output_contract(rewritten, body, "chat", strict_all=False)
 
 
 @settings(max_examples=60, deadline=None)

@@ -113,3 +113,17 @@ def run_guard(guard, events: list[Any]) -> list[Any]:
         if guard.terminal:
             break
     return out + guard.finish()
+
+
+def send_plan(api: str, call_filter: Any, request: dict[str, Any] | None = None, **fields: Any):
+    """The turn plan a test's ``GuardedSend`` reads: ``request`` (an empty one by default)
+    rewritten as the middleware would, judged by ``call_filter``; ``fields``: the plan's others
+    (``contract``, ``approvals``, ``commit``, ...)."""
+    from vllm_allowed_tools.asgi.turn_plan import TurnPlan
+    from vllm_allowed_tools.request.placement import TEMPLATE_VARIABLE
+    from vllm_allowed_tools.request.rewrite import rewrite_request
+    if request is None:
+        request = {"messages": []} if api == "chat" else {"input": []}
+    return TurnPlan(api=api, render=False, placement=TEMPLATE_VARIABLE,   # type: ignore[arg-type]
+                    rewritten=rewrite_request(request, api), call_filter=call_filter,  # type: ignore[arg-type]
+                    contract=fields.pop("contract", None), **fields)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from ..approvals.errors import GrantStoreUnavailable
@@ -33,6 +32,7 @@ from ..response.chat_custom import restore_completion
 from ..response.contract import NAMES_ONLY, OutputContract
 from ..response.conformance import conformed_event, conformed_response
 from ..response.conformance_check import CheckLog
+from .turn_plan import TurnPlan
 
 logger = logging.getLogger("vllm_allowed_tools.asgi.middleware")   # the middleware's log
 
@@ -123,23 +123,22 @@ class GuardedSend:
     ``commit``: the request's grant-store writes, made when vLLM's answer starts with a 2xx status
     and before any of it goes out (a request vLLM refuses changes nothing); one that fails is
     answered instead of vLLM's answer. ``contract``: the turn's backstops (a call required,
-    arguments checked), judged on the model's output before the approvals rewrite it."""
+    arguments checked), judged on the model's output before the approvals rewrite it. All of it
+    is read from the turn's :class:`.turn_plan.TurnPlan`."""
 
-    def __init__(self, send: Send, api: Api, call_filter: Any, echo: dict[str, Any], stop: StopSignal,
-                 spec_version: tuple[int, ...], approvals: Any = None,
-                 commit: Callable[[], Any] | None = None,
-                 contract: OutputContract | None = None, check_log: CheckLog | None = None,
-                 server_turn: Any = None, custom_names: frozenset[str] = frozenset()) -> None:
+    def __init__(self, send: Send, plan: TurnPlan, stop: StopSignal,
+                 spec_version: tuple[int, ...], *, check_log: CheckLog | None = None) -> None:
+        api = plan.api
         #: Chat: the request's custom tools, whose function calls go out as custom calls
-        self._custom_names = custom_names if api == "chat" else frozenset()
-        self._server_turn = server_turn   # the server-side calls vLLM's loop decided (server_tools)
-        self._contract = contract if contract is not None else NAMES_ONLY
-        self._approvals = approvals
-        self._commit = commit
+        self._custom_names = plan.custom_names if api == "chat" else frozenset()
+        self._server_turn = plan.server_turn   # the server-side calls vLLM's loop decided
+        self._contract = plan.contract if plan.contract is not None else NAMES_ONLY
+        self._approvals = plan.approvals
+        self._commit = plan.commit
         self._send = send
         self._api = api
-        self._call_filter = call_filter
-        self._echo = echo   # Responses fields to echo as the client sent them (restore_echo)
+        self._call_filter = plan.call_filter
+        self._echo = plan.echo   # Responses fields to echo as the client sent them (restore_echo)
         self._stop = stop
         self._spec_version = spec_version
         self._mode: str | None = None

@@ -12,36 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ..approvals import engine_from_settings
 from ..approvals.errors import GrantStoreUnavailable
 from ..approvals.turn import PreparedTurn, prepare_turn
-from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..errors import AllowedToolsError
-from ..metrics import record_fallback
-from ..request import resolve_callable_catalog
-from ..request.custom_tools import read_custom_tools
-from ..request.placement import LAST_MESSAGE, SYSTEM_MESSAGE, place_policy
-from ..request.rewrite import (
-    Api,
-    Rewritten,
-    constrain_to_catalog,
-    echo_of,
-    filter_catalog,
-    rewrite_request,
-)
+from ..request.rewrite import Api
 from ..request.template_probe import ProbeResult
-from ..response import AllowedNames
 from ..response.asgi import Receive, Scope, Send
 from ..response.conformance_check import CheckLog
-from ..response.contract import OutputContract
 from ..response.sse import SSEEvent
 from ..server_tools import hook_status, read_server_tools
 from ..server_tools.request import PreparedServerTurn, prepare_server_turn
-from ..server_tools.turn import register, unregister
-from ..settings import PLAIN_CATALOG, Settings
+from ..server_tools.turn import ServerTurn, register, unregister
+from ..settings import Settings
 from .authentication import find_authentication
 from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
 from .routes import (
@@ -53,10 +38,8 @@ from .routes import (
     matched_template,
 )
 from .server_tools import store_only_engine as _store_only_engine
-from .server_tools import with_server_turn as _with_server_turn
+from .turn_plan import CODE_UNGUARDED_ENDPOINT, TurnPlan, plan_turn
 
-#: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
-CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"
 
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The whole request body; the flag says the client disconnected while sending it."""
@@ -101,7 +84,8 @@ class GuardingMiddleware:
     approvals, and guard what comes back; ``settings`` and ``placement`` are the server's, decided
     at start-up."""
 
-    def __init__(self, app: Any, *, settings: Settings, placement: TemplatePlacement) -> None:
+    def __init__(self, app: Any, *, settings: Settings, placement: TemplatePlacement,
+                 harmony: bool = False) -> None:
         self.settings = settings
         self.placement = placement
         # vLLM renders a request's own chat_template only when the operator trusts them
@@ -115,7 +99,7 @@ class GuardingMiddleware:
         self.server_engine = self.approvals if self.approvals is not None \
             else _store_only_engine(settings)
         #: whether the model is served on vLLM's harmony path (the subclass knows; see vllm_glue)
-        self.harmony = getattr(self, "harmony", False)
+        self.harmony = harmony
         self._check_log = CheckLog.from_settings(settings)   # the Open Responses check mode
         self.app = app
         self._auth = find_authentication(app, settings)
@@ -159,61 +143,36 @@ class GuardingMiddleware:
         render = route.decision == "render"
         server: PreparedServerTurn | None = None
         if api == "responses":
-            server = await self._server_step(scope, send, data, render)
-            if server is False:
+            step = await self._server_step(scope, send, data, render)
+            if step is False:
                 return   # answered already
+            server = step
             if server is not None:
                 data = server.body
         try:
-            placement = self._placement_for(data, api)
-            parser = self.settings.launch.tool_call_parser
-            rewritten = rewrite_request(
-                data, api, placement,
-                check_turn=lambda turn: refuse_uncarried_custom_tools(turn, parser))
-            data = rewritten.request
-            _refuse_final_message_continuation(data, rewritten, placement)
-            _refuse_unguardable_fields(data, api, approvals=self.approvals is not None,
-                                       render=render)
+            plan = plan_turn(data, api, self.settings, placement=self._placement_for(data, api),
+                             render=render, filter_catalogs=self.placement.filter_catalog,
+                             approvals=self.approvals is not None, server=server)
         except AllowedToolsError as exc:
             await _send_json(send, exc.status, exc.to_openai())
             return
-        if self.placement.filter_catalog and rewritten.allowlist is not None \
-                and rewritten.allowlist.has_allowlist:
-            rewritten = replace(rewritten, body=filter_catalog(rewritten.body, rewritten.allowlist))
-            record_fallback("filter_catalog")
-        call_filter = _output_filter(rewritten, data, api)
-        # a render answers with the prompt, not with the model's output: nothing for the backstops
-        contract = _output_contract(rewritten, data, api, strict_all=self.strict_all) \
-            if call_filter is not None and not render else None
-        if self.plain_decoding == PLAIN_CATALOG:
-            rewritten = constrain_to_catalog(rewritten, api)
-        response_approvals = commit = None
         if self.approvals is not None:
-            turn = await self._approved(scope, send, data, rewritten, api, render)
+            turn = await self._approved(scope, send, plan, render)
             if turn is None:
                 return   # answered already
-            rewritten, response_approvals, commit = turn.rewritten, turn.responses, turn.commit
-            if turn.chat is not None and call_filter is not None:   # decided: the guard backstops
-                call_filter = turn.chat.call_filter(call_filter)
-        rewritten = _with_policy_block(rewritten, api, placement)
-        if server is not None:
-            rewritten, call_filter, contract = _with_server_turn(rewritten, server, call_filter,
-                                                                 contract)
-        if rewritten.changed:
-            body = json.dumps(rewritten.body).encode()
+            plan = plan.approved(turn)
+        plan = plan.sealed()
+        forwarded = plan.body()
+        if forwarded is not None:
+            body = forwarded
             scope = dict(scope, headers=with_content_length(list(scope.get("headers", [])), len(body)))
         stop = StopSignal()
         spec = tuple(int(p) for p in str(scope.get("asgi", {}).get("spec_version", "2.0")).split(".")
                      if p.isdigit())
-        send = GuardedSend(send, api, call_filter, echo_of(rewritten, api), stop, spec,
-                           response_approvals, commit, contract=contract, check_log=self._check_log,
-                           server_turn=server.turn if server is not None and not render else None,
-                           custom_names=read_custom_tools(data.get("tools"), api).names
-                           if api == "chat" and not render else frozenset())
-        await self._run(scope, stop.receive(body, receive), send,
-                        server.turn if server is not None and not render else None)
+        guarded = GuardedSend(send, plan, stop, spec, check_log=self._check_log)
+        await self._run(scope, stop.receive(body, receive), guarded, plan.server_turn)
 
-    async def _run(self, scope: Scope, receive: Receive, send: Send, turn: Any) -> None:
+    async def _run(self, scope: Scope, receive: Receive, send: Send, turn: ServerTurn | None) -> None:
         """vLLM serves the request; a server-side turn is findable by its loop meanwhile."""
         if turn is None:
             await self.app(scope, receive, send)
@@ -224,7 +183,8 @@ class GuardingMiddleware:
         finally:
             unregister(turn)
 
-    async def _server_step(self, scope: Scope, send: Send, data: dict, render: bool) -> Any:
+    async def _server_step(self, scope: Scope, send: Send, data: dict,
+                           render: bool) -> PreparedServerTurn | None | Literal[False]:
         """The server-side turn (None: no server-side tools; False: answered with an error)."""
         try:
             return await asyncio.to_thread(self._server_turn, scope, data, render)
@@ -263,21 +223,24 @@ class GuardingMiddleware:
                 "the server's", param="chat_template", code="unsupported_chat_template")
         return result.placement
 
-    async def _approved(self, scope: Scope, send: Send, data: dict, rewritten: Rewritten,
-                        api: Api, render: bool) -> PreparedTurn | None:
+    async def _approved(self, scope: Scope, send: Send, plan: TurnPlan,
+                        render: bool) -> PreparedTurn | None:
         """The approvals' turn (:func:`..approvals.turn.prepare_turn`, off the loop: it may read
         and write the grant store); None when the request was answered here (an error, or calls
         an approval released without the model)."""
+        assert self.approvals is not None
+        request, rewritten = plan.rewritten.request, plan.rewritten
         try:
-            turn = await asyncio.to_thread(prepare_turn, self.approvals, data, rewritten, api,
-                                           headers=scope.get("headers", []), render=render)
+            turn = await asyncio.to_thread(prepare_turn, self.approvals, request, rewritten,
+                                           plan.api, headers=scope.get("headers", []),
+                                           render=render)
         except AllowedToolsError as exc:
             if isinstance(exc, GrantStoreUnavailable):
                 log_store_down(exc)
             await _send_json(send, exc.status, exc.to_openai(), error_headers(exc))
             return None
         if turn.direct_output is not None:
-            await _send_direct(send, data, turn.direct_output, rewritten.original_tool_choice,
+            await _send_direct(send, request, turn.direct_output, rewritten.original_tool_choice,
                                self._check_log)
             return None
         return turn
@@ -306,53 +269,6 @@ async def _send_direct(send: Send, body: dict, output: list[dict], original_tool
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-def _with_policy_block(rewritten: Rewritten, api: Api, placement: str) -> Rewritten:
-    """The request with the policy block as a message, where the template takes it so; last, after
-    the approvals have read the client's own history."""
-    allowlist = rewritten.allowlist
-    if placement not in (SYSTEM_MESSAGE, LAST_MESSAGE) or allowlist is None \
-            or not allowlist.has_allowlist:
-        return rewritten
-    body = place_policy(rewritten.body, api, placement, allowlist.mode or allowlist.choice,
-                        sorted(allowlist.allowed_flat_names))
-    return replace(rewritten, body=body, changed=True)
-
-
-def _refuse_final_message_continuation(data: dict, rewritten: Rewritten, placement: str) -> None:
-    if placement in (SYSTEM_MESSAGE, LAST_MESSAGE) and data.get("continue_final_message") is True \
-            and rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
-        raise AllowedToolsError(
-            "`continue_final_message` cannot be combined with allowed_tools on this server: the "
-            "served template takes the per-turn policy as a message after the history, so the "
-            "final message would no longer be the last. Send the request without it.",
-            param="continue_final_message", code="unsupported_with_allowed_tools")
-
-
-def _output_filter(rewritten: Rewritten, body: dict, api: Api) -> Any:
-    """What the guard checks calls against: the allowlist when the turn has one, else the catalog
-    (a call to a name the request never offered is refused in every mode); None without tools."""
-    if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
-        return rewritten.allowlist
-    if body.get("tools"):
-        return AllowedNames.from_request(body, api)
-    return None
-
-
-def _output_contract(rewritten: Rewritten, body: dict, api: Api, *, strict_all: bool) -> OutputContract:
-    """The guard's backstops for this turn: a call required (``required``, a named choice,
-    ``allowed_tools`` in ``required`` mode), arguments always one JSON object, strict tools' (every
-    tool's under ``--tool-strict-level parameter``) valid against their schema, a grammar custom
-    tool's input admitted by its grammar."""
-    turn = rewritten.allowlist
-    if turn is None and body.get("tools"):   # a choice left to vLLM: the catalog, in auto mode
-        try:
-            turn = resolve_callable_catalog(body, api)
-        except AllowedToolsError:
-            turn = None
-    grammars = read_custom_tools(body.get("tools"), api).grammars   # compiled when rewritten
-    return OutputContract.for_turn(turn, strict_all=strict_all, custom_grammars=grammars)
-
-
 def _route(router: Any, scope: Scope) -> RouteDecision:
     routes = getattr(router, "routes", None)
     if routes is None:
@@ -370,22 +286,3 @@ def _unguarded_endpoint(scope: Scope, template: str | None, key: str | None = No
         "tool calls are served only on POST /v1/chat/completions and POST /v1/responses, where "
         "the allowed-tools policy, the output guard and the approvals apply. Send the request to "
         "one of those.", param=key, code=CODE_UNGUARDED_ENDPOINT)
-
-
-def _refuse_unguardable_fields(body: dict, api: Api, *, approvals: bool, render: bool) -> None:
-    """Fields whose output or history the guard never sees: background responses (fetched later
-    from vLLM's store, unguarded) and, with approvals, ``previous_response_id`` (history from
-    vLLM's store, where gated calls stand as if they had been released)."""
-    if api != "responses" or render or not body.get("tools"):
-        return
-    if body.get("background"):
-        raise AllowedToolsError(
-            "`background: true` is not supported with tools under vllm-allowed-tools: a background "
-            "response is fetched later from vLLM's store, past the output guard. Send the request "
-            "with `background: false`.", param="background", code=CODE_UNGUARDED_ENDPOINT)
-    if approvals and body.get("previous_response_id") is not None:
-        raise AllowedToolsError(
-            "`previous_response_id` is not supported while tool-call approvals are on: vLLM would "
-            "rebuild the history from its own store, where a call waiting for approval stands as "
-            "if it had been made. Send the whole conversation in `input` instead.",
-            param="previous_response_id", code=CODE_UNGUARDED_ENDPOINT)

@@ -7,7 +7,9 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from ..call_filter import CallFilter
 from ..request.rewrite import Rewritten
+from ..response.contract import OutputContract
 from ..server_tools.request import PreparedServerTurn
 from ..server_tools.turn import ServerTurnFilter
 from ..settings import Settings
@@ -26,8 +28,9 @@ def store_only_engine(settings: Settings) -> Any:
                           open_store(settings.grant_store, timeout_s=settings.grant_store_timeout_s))
 
 
-def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filter: Any,
-                      contract: Any) -> tuple[Rewritten, Any, Any]:
+def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filter: CallFilter | None,
+                     contract: OutputContract | None,
+                     ) -> tuple[Rewritten, CallFilter, OutputContract | None]:
     """The request with the server-side turn's token and the recipients the grammar admits; the
     guard's filter admitting the allowed server-side call items (no function when the selection
     named server-side tools only); a required turn satisfied by a server-side call too."""
@@ -50,5 +53,5 @@ def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filt
                 ", resuming an answered approval" if server.turn.resume is not None else "")
     call_filter = ServerTurnFilter(call_filter, server.turn, functions=not server.only_server)
     if contract is not None and selection is not None and selection.entries:
-        contract.requirement = None   # a server-side call satisfies a required turn
+        contract = contract.satisfied_by_any_call()   # a server-side call satisfies it too
     return replace(rewritten, body=body, changed=True), call_filter, contract

@@ -75,6 +75,12 @@ class OutputContract:
         return cls(requirement=_requirement(turn), turn=turn, strict_all=strict_all,
                    custom_grammars=custom_grammars)
 
+    def satisfied_by_any_call(self) -> OutputContract:
+        """This contract with no call required (a server-side call satisfies the turn too)."""
+        return OutputContract(requirement=None, check_arguments=self.check_arguments,
+                              turn=self.turn, strict_all=self.strict_all,
+                              custom_grammars=self.custom_grammars)
+
     def input_refusal(self, name: str | None, text: Any) -> ArgumentsRefusal | None:
         """Why a custom call's (complete) ``input`` may not go out, None when it may: the tool
         has a grammar (``format: {"type": "grammar"}``) that does not admit it."""

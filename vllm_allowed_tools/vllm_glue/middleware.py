@@ -32,5 +32,5 @@ class AllowedToolsMiddleware(GuardingMiddleware):
         activate(self.capabilities)
         # the hook deciding server-side calls in vLLM's loop (checked and installed once)
         self.server_tool_hook = install_server_tool_hook()
-        self.harmony = serves_harmony(settings.launch)
-        super().__init__(app, settings=settings, placement=choose_placement(settings))
+        super().__init__(app, settings=settings, placement=choose_placement(settings),
+                         harmony=serves_harmony(settings.launch))
