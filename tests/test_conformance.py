@@ -129,6 +129,33 @@ def test_elicitation_items_validate_against_the_proposal_shape() -> None:
         "item: 'arguments_digest' is a required property"]
 
 
+def test_an_elicitation_type_registered_later_reaches_the_check() -> None:
+    """The approvals register their item with the check (response/ imports nothing above it);
+    a type registered after the first check is known to the next one, and gone once unregistered."""
+    from vllm_allowed_tools.approvals.elicitation_types import (
+        ElicitationType,
+        register_elicitation_type,
+        unregister_elicitation_type,
+    )
+    item = {"id": "elicit_1", "type": "elicitation", "elicitation_type": "oauth_login",
+            "message": "Sign in to continue.", "status": "in_progress",
+            "login_url": "https://a.example/"}
+    response = c.conformed_response(load("responses_unary_single")["body"])
+    response["output"] = [item]
+    assert c.check_response(response) != []   # unknown type: not admitted
+    register_elicitation_type(ElicitationType(
+        name="oauth_login", item_properties={"login_url": {"type": "string"}},
+        item_required=("login_url",)))
+    try:
+        assert c.check_response(response) == []
+        assert c.check_response({**response, "output": [
+            {k: v for k, v in item.items() if k != "login_url"}]}) == [
+            "output[0]: 'login_url' is a required property"]
+    finally:
+        unregister_elicitation_type("oauth_login")
+    assert c.check_response(response) != []
+
+
 def test_openai_custom_tool_calls_validate_against_openais_shapes() -> None:
     """Open Responses defines no custom tools; OpenAI's ``custom_tool_call`` item, its input's
     events and a custom tool named in ``tool_choice`` are checked against OpenAI's own shapes."""

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..response.conformance import register_output_item
 from .errors import (
     CODE_INVALID_ELICITATION,
     CODE_INVALID_ELICITATION_RESPONSE,
@@ -113,6 +114,7 @@ def register_elicitation_type(kind: ElicitationType, *, replace: bool = False) -
             raise ValueError(f"elicitation type {kind.name!r} is already registered")
         _REGISTRY[kind.name] = kind
         _registry_version += 1
+    register_output_item(ELICITATION, elicitation_schema)   # the check mode sees the new type
 
 
 def unregister_elicitation_type(name: str) -> None:
@@ -123,6 +125,7 @@ def unregister_elicitation_type(name: str) -> None:
     with _REGISTRY_LOCK:
         if _REGISTRY.pop(name, None) is not None:
             _registry_version += 1
+    register_output_item(ELICITATION, elicitation_schema)
 
 
 def elicitation_types() -> tuple[str, ...]:

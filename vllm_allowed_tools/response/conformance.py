@@ -15,8 +15,9 @@ loosening what a standard item must be:
 - a ``oneOf`` with a ``discriminator`` is validated by dispatching on the discriminator (what
   OpenAPI means by it), so an error names the field of the branch the object claims to be, not
   "is not valid under any of the given schemas";
-- an output item of type ``elicitation`` (the approvals proposal's item) is validated against the
-  proposal's own schema (:func:`~vllm_allowed_tools.approvals.elicitation_types.elicitation_schema`);
+- an output item type another part of the package adds (the approvals proposal's ``elicitation``,
+  registered by ``approvals/elicitation_types.py``) is validated against the schema it registers
+  (:func:`register_output_item`);
 - OpenAI's custom tools (a ``custom_tool_call`` item, its input's events, a custom tool named in
   ``tool_choice``), which Open Responses does not define, against OpenAI's shapes
   (:mod:`.openai_extensions`).
@@ -72,15 +73,28 @@ def document() -> dict[str, Any]:
     return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
 
 
+#: output item types other parts of the package add, each with its schema's maker
+_ADDED_ITEMS: dict[str, Callable[[], Mapping[str, Any]]] = {}
+
+
+def register_output_item(item_type: str, schema: Callable[[], Mapping[str, Any]]) -> None:
+    """Validate output items of ``item_type`` against ``schema()`` (asked again whenever a
+    registration changes: the approvals re-register when an elicitation type is added). The
+    part that adds an item type says so here, so this module imports nothing above it."""
+    _ADDED_ITEMS[item_type] = schema
+    _prepared.cache_clear()
+    _validator.cache_clear()
+
+
 @functools.cache
 def _prepared() -> dict[str, Any]:
-    """The document with discriminated unions dispatched and the elicitation item added."""
-    from ..approvals.elicitation_types import ELICITATION, elicitation_schema
+    """The document with discriminated unions dispatched and the added item types in."""
     doc = copy.deepcopy(document())
     schemas = doc["components"]["schemas"]
-    elicitation = {k: v for k, v in elicitation_schema().items() if k != "$schema"}
+    added = {kind: {k: v for k, v in schema().items() if k != "$schema"}
+             for kind, schema in _ADDED_ITEMS.items()}
     schemas["ItemField"] = _dispatching(schemas["ItemField"], schemas,
-                                        extra={ELICITATION: elicitation,
+                                        extra={**added,
                                                CUSTOM_TOOL_CALL: custom_tool_call_schema(),
                                                MCP_CALL: mcp_call_schema(),
                                                MCP_APPROVAL_REQUEST: mcp_approval_request_schema(),
