@@ -19,6 +19,7 @@ from ..approvals.wire import ResponseApprovals
 from ..call_filter import CallFilter
 from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..errors import AllowedToolsError
+from ..formats import wire_format
 from ..metrics import record_fallback
 from ..request import resolve_callable_catalog
 from ..request.custom_tools import read_custom_tools
@@ -113,12 +114,24 @@ def plan_turn(data: dict[str, Any], api: Api, settings: Settings, *, placement: 
                                 strict_all=settings.launch.strict_level_parameter) \
         if call_filter is not None and not render else None
     if settings.plain_decoding == PLAIN_CATALOG:
-        rewritten = constrain_to_catalog(rewritten, api)
+        rewritten = constrain_to_catalog(rewritten, api, required=_calls_in_own_syntax(parser))
     custom_names = read_custom_tools(request.get("tools"), api).names \
         if api == "chat" and not render else frozenset()
     return TurnPlan(api=api, render=render, placement=placement, rewritten=rewritten,
                     call_filter=call_filter, contract=contract, custom_names=custom_names,
                     server=server)
+
+
+def _calls_in_own_syntax(parser: str | None) -> bool:
+    """Whether a plain ``required`` turn on ``parser`` is decoded in the format's call syntax (its
+    calls are no JSON: vLLM's required path would make the model write a JSON array, a syntax it
+    was not trained to write there and its parser does not read)."""
+    if parser is None:
+        return False
+    try:
+        return wire_format(parser).grammar.call_syntax == "pythonic"
+    except ValueError:   # not one of ours: vLLM's own parser, vLLM's own required path
+        return False
 
 
 def _with_policy_block(rewritten: Rewritten, api: Api, placement: str) -> Rewritten:

@@ -132,22 +132,27 @@ _OTHER_GRAMMARS = ("response_format", "structured_outputs", "guided_json", "guid
                    "guided_choice", "guided_grammar")
 
 
-def constrain_to_catalog(rewritten: Rewritten, api: Api) -> Rewritten:
+def constrain_to_catalog(rewritten: Rewritten, api: Api, *, required: bool = False) -> Rewritten:
     """A plain ``auto`` request gets the whole catalog as its wire allowlist: decoding then admits
     only names the request offers, in every call (vLLM itself constrains names only for
     ``required``, named choices and ``strict`` tools), while arguments stay as vanilla vLLM leaves
-    them (pinned for strict tools only) and the prompt is untouched. Requests that ask for another
-    grammar (a response format) keep vLLM's; the output guard stays the backstop for them."""
+    them (pinned for strict tools only) and the prompt is untouched. ``required``: a plain
+    ``required`` request gets one too (in ``required`` mode), so the turn is decoded in the
+    format's own call syntax rather than as vLLM's JSON array (formats whose calls are not JSON,
+    such as the pythonic ones). Requests that ask for another grammar (a response format) keep
+    vLLM's; the output guard stays the backstop for them."""
     allowlist = rewritten.allowlist
     body = rewritten.body
-    if allowlist is None or allowlist.choice != "auto" or ALLOWLIST_KEY in body \
+    modes = ("auto", "required") if required else ("auto",)
+    if allowlist is None or allowlist.choice not in modes or ALLOWLIST_KEY in body \
             or any(body.get(key) is not None for key in _OTHER_GRAMMARS) or _text_format(body, api):
         return rewritten
     callable_ids = frozenset(spec.identity for spec in allowlist.allowed_specs)
     if not callable_ids:
         return rewritten
-    catalog_wide = replace(allowlist, choice="allowed", mode="auto", allowed=callable_ids,
-                           allowlist_digest=allowlist_digest("allowed", "auto", callable_ids,
+    mode = allowlist.choice
+    catalog_wide = replace(allowlist, choice="allowed", mode=mode, allowed=callable_ids,
+                           allowlist_digest=allowlist_digest("allowed", mode, callable_ids,
                                                              allowlist.parallel_tool_calls))
     return replace(rewritten, body={**body, ALLOWLIST_KEY: allowlist_to_wire(catalog_wide)},
                    changed=True)
@@ -202,7 +207,10 @@ def echo_of(rewritten: Rewritten, api: Api) -> dict[str, Any]:
         text = rewritten.request.get("text")
         echo["text"] = text if isinstance(text, Mapping) and text.get("format") \
             else {"format": {"type": "text"}}
-    if rewritten.allowlist is not None and rewritten.allowlist.has_allowlist:
+    if rewritten.allowlist is not None and (rewritten.allowlist.has_allowlist or (
+            ALLOWLIST_KEY in rewritten.body and rewritten.original_tool_choice is not None)):
+        # the wire allowlist may make vLLM see another choice (a required turn the format's
+        # parser reads is ``auto`` to vLLM): the client's own is echoed
         echo["tool_choice"] = rewritten.original_tool_choice
     if rewritten.original_tools is not None:
         echo["tools"] = rewritten.original_tools
