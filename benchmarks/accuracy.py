@@ -119,7 +119,7 @@ def _log(message: str) -> None:
 # --------------------------------------------------------------------------- the BFCL wheel
 
 def bfcl_cache_dir() -> Path:
-    from vllm_allowed_tools.testing.tiny_model import default_cache_dir
+    from vllm_allowed_tools.devtools.models.tiny_model import default_cache_dir
     return default_cache_dir().parent / "bfcl"
 
 
@@ -499,7 +499,7 @@ def run_server(name: str, cases: Sequence[Case], placements: Sequence[str], size
                seed: int, checker: Any, max_tokens: int, concurrency: int, log_dir: Path,
                timeout: float) -> list[Outcome]:
     """Start one server (vanilla, or the plugin with a placement), run its arms, stop it."""
-    from vllm_allowed_tools.testing.server import start_serve_tiny
+    from vllm_allowed_tools.devtools.serve import start_serve_tiny
 
     if name == "vanilla":
         options, env = ["--vanilla", "--parser", "hermes"], {}
@@ -736,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     outcomes: list[Outcome] = []
     refused: dict[str, str] = {}
-    from vllm_allowed_tools.testing.server import ServeError
+    from vllm_allowed_tools.devtools.serve import ServeError
     for name in ["vanilla", *placements]:
         try:
             outcomes += run_server(name, cases, placements, sizes, args.seed, checker, args.max_tokens,

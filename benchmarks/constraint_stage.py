@@ -84,7 +84,7 @@ def tiny_tokenizer_info():
     import xgrammar as xgr
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_model("random")))
     return xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)), tokenizer
 
@@ -342,9 +342,9 @@ def bench_decode(rounds: int, tokens: int) -> list[dict[str, Any]]:
     from vllm import LLM, SamplingParams
     from vllm.sampling_params import StructuredOutputsParams
 
-    from vllm_allowed_tools.testing.server import MAX_MODEL_LEN, server_environment, template_for_parser
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-    from vllm_allowed_tools.testing.tool_pool import sample_catalog
+    from vllm_allowed_tools.devtools.serve import MAX_MODEL_LEN, server_environment, template_for_parser
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tool_pool import sample_catalog
 
     os.environ.update(server_environment())      # vLLM's CPU build settings, as serve-tiny uses
     model = ensure_model("tool-happy")

@@ -29,7 +29,7 @@ import httpx  # noqa: E402
 from mcp_tools import mcp_catalog  # noqa: E402
 from random_model import build  # noqa: E402
 
-from vllm_allowed_tools.testing.server import (  # noqa: E402
+from vllm_allowed_tools.devtools.serve import (  # noqa: E402
     SERVED_MODEL_NAME,
     TinyServer,
     server_environment,

@@ -2,10 +2,10 @@
 
     python benchmarks/harmony_reuse.py [--out benchmarks/results/harmony_reuse.md]
 
-The tiny gpt-oss model (testing/gpt_oss_model.py, on vLLM's CPU build) is served twice, one server
-after the other: with the probe's placement (the per-turn policy as a trailing developer message)
-and with catalog filtering (``VLLM_ALLOWED_TOOLS_PLACEMENT=filter-catalog``: the model sees only the
-allowed tools). On each, the 6-turn agent transcript of ``template_reuse.py`` (8-tool catalog, a
+The tiny gpt-oss model (devtools/models/gpt_oss_model.py, on vLLM's CPU build) is served twice,
+one server after the other: with the probe's placement (the per-turn policy as a trailing developer
+message) and with catalog filtering (``VLLM_ALLOWED_TOOLS_PLACEMENT=filter-catalog``: the model sees
+only the allowed tools). On each, the 6-turn agent transcript of ``template_reuse.py`` (8-tool catalog, a
 different allowed subset every turn, the history grown by a call and its result per turn) is
 replayed over ``/v1/chat/completions``; per turn the table gives ``usage`` cached / prompt tokens,
 and ``ideal``: whole 32-token blocks of the longest prefix the prompt shares with an earlier one.
@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from template_reuse import AUTO, FILTER, PLACEMENT_ENV, Run, drive, make_transcript  # noqa: E402
 
-from vllm_allowed_tools.testing.gpt_oss_model import ensure_gpt_oss_model  # noqa: E402
-from vllm_allowed_tools.testing.server import MODEL_TEMPLATE, start_server  # noqa: E402
+from vllm_allowed_tools.devtools.models.gpt_oss_model import ensure_gpt_oss_model  # noqa: E402
+from vllm_allowed_tools.devtools.serve import MODEL_TEMPLATE, start_server  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "harmony_reuse.md"
 

@@ -59,10 +59,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
 from vllm_allowed_tools.devtools.prefix import POLICY_BLOCK_MARKERS, load_tokenizer, render_with_policy
-from vllm_allowed_tools.testing.server import SERVED_MODEL_NAME, ServeError, TinyServer, start_server
-from vllm_allowed_tools.testing.tiny_model import ensure_model
-from vllm_allowed_tools.testing.tool_pool import POOL
+from vllm_allowed_tools.devtools.serve import SERVED_MODEL_NAME, ServeError, TinyServer, start_server
 
 HERE = Path(__file__).resolve().parent
 AFTER_CATALOG_TEMPLATE = HERE / "templates" / "hermes_policy_after_catalog.jinja"

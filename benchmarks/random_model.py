@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mcp_tools import mcp_catalog  # noqa: E402
 
 from vllm_allowed_tools.templates.render import load_template  # noqa: E402
-from vllm_allowed_tools.testing.tiny_model import (  # noqa: E402
+from vllm_allowed_tools.devtools.models.tiny_model import (  # noqa: E402
     _PRETOKENIZE_REGEX,
     ADDED_TOKENS,
     SPECIAL_TOKENS,

@@ -170,7 +170,7 @@ def main() -> int:
     args = parser.parse_args()
     started = []
     try:
-        from vllm_allowed_tools.testing.server import start_serve_tiny
+        from vllm_allowed_tools.devtools.serve import start_serve_tiny
         plugin_url, vanilla_url = args.plugin_url, args.vanilla_url
         if plugin_url is None:
             started.append(start_serve_tiny("real"))

@@ -33,8 +33,12 @@ from typing import Any
 
 import httpx
 
-from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
-from vllm_allowed_tools.testing.tool_pool import POOL
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
+
+# the test-side helpers this script shares with the tests live in tests/support/ (not in the wheel)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.calls import chat_selection, responses_selection  # noqa: E402
 
 GATED = "send_email"
 UNGATED = [tool for tool in POOL if tool.name != GATED]
@@ -176,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = None
     if args.url is None:
-        from vllm_allowed_tools.testing.server import start_serve_tiny
+        from vllm_allowed_tools.devtools.serve import start_serve_tiny
         env, extra = STAGES[args.stage]
         server = start_serve_tiny("thinking", env=env, extra_args=[*extra, *REASONING])
     try:

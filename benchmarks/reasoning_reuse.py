@@ -35,9 +35,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from vllm_allowed_tools.testing.server import SERVED_MODEL_NAME, ServeError, start_server
-from vllm_allowed_tools.testing.tiny_model import ensure_model
-from vllm_allowed_tools.testing.tool_pool import POOL
+from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
+from vllm_allowed_tools.devtools.serve import SERVED_MODEL_NAME, ServeError, start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Qwen3's official template (hermes-style calls; reasoning rendered only after the last user message)

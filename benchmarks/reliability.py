@@ -13,7 +13,7 @@ goes to stderr; stdout gets a markdown figures table (and ``--json`` the raw fig
 every figure is clean, 1 when one is not (5xx, a leaked call, a hang, a 4xx without a field, an
 unexpected outcome, a stream not aborted), 2 when the run could not happen.
 
-The parts (fuzz, load, faults, store, kill) live in :mod:`vllm_allowed_tools.testing.reliability`,
+The parts (fuzz, load, faults, store, kill) live in tests/support/reliability/,
 the same code the end-to-end tests run at a smaller size; benchmarks/README.md says what each checks.
 ``--approvals`` serves its own server with an approval policy gating a function and a custom tool
 (:data:`FUZZ_GATED`): no call of theirs may come back (the fuzz never answers an approval).
@@ -28,7 +28,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from vllm_allowed_tools.testing.reliability import (
+from vllm_allowed_tools.devtools.serve import SEPARATE_WORKER, ServeTinyProcess, start_serve_tiny
+
+# the test-side helpers this script shares with the tests live in tests/support/ (not in the wheel)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.reliability import (  # noqa: E402
     Figures,
     approval_env,
     approvals_table,
@@ -43,8 +48,7 @@ from vllm_allowed_tools.testing.reliability import (
     sqlite_folder_gone,
     table,
 )
-from vllm_allowed_tools.testing.server import SEPARATE_WORKER, ServeTinyProcess, start_serve_tiny
-from vllm_allowed_tools.testing.store_faults import sqlite_locked
+from support.store_faults import sqlite_locked  # noqa: E402
 
 
 def _start_server(flavour: str, log_dir: Path, env: dict[str, str] | None = None,
@@ -71,7 +75,7 @@ def _store_outages(folder: Path, rounds: int, flavour: str) -> Figures:
                          outage)
     finally:
         server.stop()
-    from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
+    from support.postgres import PostgresUnavailable, ThrowawayPostgres
     try:
         pg = ThrowawayPostgres.start()
     except PostgresUnavailable as exc:

@@ -4,10 +4,10 @@ real reverse proxy (HAProxy), and what prompt-cache reuse does across them.
     python benchmarks/replicas.py [--agents 64] [--rounds 10] [--max-tokens 96] [--cache-turns 8]
                                   [--results benchmarks/results/replicas.md] [--json OUT]
 
-It starts a throwaway PostgreSQL (:mod:`vllm_allowed_tools.testing.postgres`), two replicas of
+It starts a throwaway PostgreSQL (tests/support/postgres.py), two replicas of
 ``serve-tiny --flavour random`` with the same approval policy (``send_email`` needs approval, scopes
 ``once`` / ``session``) and that store, and two proxies in front of them
-(:mod:`vllm_allowed_tools.testing.proxy`): round-robin, and sticky (a hash of ``x-session-id``,
+(tests/support/proxy.py): round-robin, and sticky (a hash of ``x-session-id``,
 standing for prefix-aware routing). Then:
 
 * **agents**: N concurrent agents through the round-robin proxy, each in its own session
@@ -46,19 +46,23 @@ from typing import Any
 
 import httpx
 
-from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
-from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
-from vllm_allowed_tools.testing.proxy import (
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
+from vllm_allowed_tools.devtools.serve import ServeError, ServeTinyProcess, start_serve_tiny
+
+# the test-side helpers this script shares with the tests live in tests/support/ (not in the wheel)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from support.calls import chat_selection, responses_selection  # noqa: E402
+from support.postgres import PostgresUnavailable, ThrowawayPostgres  # noqa: E402
+from support.proxy import (  # noqa: E402
     SERVED_BY_HEADER,
     SESSION_HEADER,
     ProxyUnavailable,
     ThrowawayProxy,
     find_haproxy,
 )
-from vllm_allowed_tools.testing.reliability import approval_env, log
-from vllm_allowed_tools.testing.reliability.approval_client import GATED_TOOL
-from vllm_allowed_tools.testing.server import ServeError, ServeTinyProcess, start_serve_tiny
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+from support.reliability import approval_env, log  # noqa: E402
+from support.reliability.approval_client import GATED_TOOL  # noqa: E402
 
 API_KEY = "replicas-agents"
 BLOCK_SIZE = 32                   # serve-tiny's --block-size: the prefix cache's unit

@@ -50,11 +50,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
+from vllm_allowed_tools.devtools.serve import SERVED_MODEL_NAME, ServeError, start_server
 from vllm_allowed_tools.request.placement import canonical_tools
 from vllm_allowed_tools.request.template_probe import common_prefix_length
-from vllm_allowed_tools.testing.server import SERVED_MODEL_NAME, ServeError, start_server
-from vllm_allowed_tools.testing.tiny_model import ensure_model
-from vllm_allowed_tools.testing.tool_pool import POOL
 
 HERE = Path(__file__).resolve().parent
 CORPUS = HERE.parent / "tests" / "data" / "chat_templates"

@@ -24,7 +24,7 @@ mode can never end with text: such turns stop at the first tool result
 (``tool_use_behavior="stop_on_first_tool"``); ``auto`` turns let the model read the result and go
 on, at most ``MAX_STEPS_PER_TURN`` model requests per turn.
 
-Tool names come from ``vllm_allowed_tools.testing.tool_pool`` (the names the tiny test models know);
+Tool names come from ``vllm_allowed_tools.devtools.models.tool_pool`` (the names the tiny test models know);
 the handlers are local fakes. Tracing is switched off: the SDK would upload traces to OpenAI.
 """
 
@@ -61,8 +61,8 @@ from agents import (
 from agents.tool_context import ToolContext
 from openai import AsyncOpenAI
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.dispatch import Dispatcher, InMemoryGrantChecker, TurnContext
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 # The catalog: the agent's tools, unchanged every turn.
 # This conversation's turns: the allowed subset changes, the catalog does not.

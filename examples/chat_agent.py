@@ -8,7 +8,7 @@ Chat Completions nests the selection under ``tool_choice.allowed_tools`` and ret
 call with :class:`~vllm_allowed_tools.dispatch.Dispatcher`, and answers it with a ``role: tool``
 message (the result, or the typed refusal the model can read).
 
-Tool names come from ``vllm_allowed_tools.testing.tool_pool`` (the names the tiny test models know);
+Tool names come from ``vllm_allowed_tools.devtools.models.tool_pool`` (the names the tiny test models know);
 the handlers are local fakes.
 """
 
@@ -31,8 +31,8 @@ from agent_app import (
 )
 from openai import OpenAI
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.dispatch import InMemoryGrantChecker, TurnContext
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 # This conversation's turns: the allowed subset changes, the catalog does not.
 TURNS = [

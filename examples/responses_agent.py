@@ -11,7 +11,7 @@ checks it again before running anything: it resolves the very body it sent into 
 JSON, arguments that break the schema, a caller the authorization hook denies, or a gated tool
 without a live grant. The result (or the typed refusal) goes back to the model as the tool output.
 
-Tool names come from ``vllm_allowed_tools.testing.tool_pool`` (the names the tiny test models know);
+Tool names come from ``vllm_allowed_tools.devtools.models.tool_pool`` (the names the tiny test models know);
 the handlers are local fakes.
 """
 
@@ -34,8 +34,8 @@ from agent_app import (
 )
 from openai import OpenAI
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.dispatch import InMemoryGrantChecker, TurnContext
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 # This conversation's turns: the allowed subset changes, the catalog does not.
 TURNS = [

@@ -1,7 +1,7 @@
 """Fixtures: one real ``vllm serve`` per flavour per test session, started through our CLI.
 
 Each server is `vllm-allowed-tools serve-tiny` on a random free port
-(:func:`vllm_allowed_tools.testing.server.start_serve_tiny`: it gives up at a deadline, with the
+(:func:`vllm_allowed_tools.devtools.serve.start_serve_tiny`: it gives up at a deadline, with the
 server's last output); teardown stops it by PID (the CLI kills its process group), and the server
 log's tail is appended to the report of any failing test that used it.
 """
@@ -23,10 +23,10 @@ import pytest
 # same gradients). Set before anything loads torch, so every child inherits it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from vllm_allowed_tools.devtools.serve import SEPARATE_WORKER, ServeTinyProcess
+from vllm_allowed_tools.devtools.serve_ledger import SERVER_LEDGER_ENV
 from vllm_allowed_tools.response.conformance_check import CHECK_LOG_ENV, read_check_log
 from vllm_allowed_tools.settings import reset_for_tests
-from vllm_allowed_tools.testing.server import SEPARATE_WORKER, ServeTinyProcess
-from vllm_allowed_tools.testing.server_ledger import SERVER_LEDGER_ENV
 from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
 
 # _RUNNING: the servers started and not yet stopped, the list itself (pytest_sessionfinish stops them)
@@ -196,7 +196,7 @@ def _yield_to_the_model_build() -> None:
     """While the trained models are not built, this test process (and every server it starts
     from now on) runs nicer than the build started before it: the build is the run's critical path
     (the trained-model groups wait for it), so it gets the cores first, the rest what is left."""
-    from vllm_allowed_tools.testing.tiny_model import TRAINED_FLAVOURS, cached_model
+    from vllm_allowed_tools.devtools.models.tiny_model import TRAINED_FLAVOURS, cached_model
     if any(cached_model(flavour) is None for flavour in TRAINED_FLAVOURS):
         os.nice(_BUILD_PRIORITY)
 
@@ -204,12 +204,13 @@ def _yield_to_the_model_build() -> None:
 def _build_trained_models_in_background(config) -> None:
     """Start building the trained tiny models now, in a child (the same build a fixture would
     start, behind the same cache lock), when a selected test serves one and they are not cached."""
-    from vllm_allowed_tools.testing.tiny_model import TRAINED_FLAVOURS, cached_model
+    from vllm_allowed_tools.devtools.models.tiny_model import TRAINED_FLAVOURS, cached_model
     if all(cached_model(flavour) is not None for flavour in TRAINED_FLAVOURS):
         return
     handle, log = tempfile.mkstemp(prefix="vat-model-builds-", suffix=".log")
     config.stash[_BUILDER] = (subprocess.Popen(
-        [sys.executable, "-m", "vllm_allowed_tools.testing.tiny_model", "--ensure", *TRAINED_FLAVOURS],
+        [sys.executable, "-m", "vllm_allowed_tools.devtools.models.tiny_model", "--ensure",
+         *TRAINED_FLAVOURS],
         stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL), log)
     os.close(handle)
 

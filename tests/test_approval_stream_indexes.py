@@ -17,9 +17,9 @@ import pytest
 from vllm_allowed_tools.approvals import ApprovalPolicy, open_engine
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.response import ResponsesStream, ResponsesStreamGuard, run_sync
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 GATED, FREE = "send_email", "get_weather"
 POLICY = {"rules": [{"tools": [GATED], "approval": "required", "scopes": ["session"]}]}

@@ -32,10 +32,10 @@ import pytest
 import rfc8785
 
 from vllm_allowed_tools.approvals.engine import Decline, ProposedCall
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import ToolIdentity
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
+from support.metrics import scrape_metric
 from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server

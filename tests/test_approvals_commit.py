@@ -20,8 +20,8 @@ from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, Gra
     open_engine
 from vllm_allowed_tools.approvals.wire import ResponseApprovals, prepare_request
 from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import resolve_allowlist
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 GATED, FREE = "send_email", "get_weather"
 POLICY = {"rules": [{"tools": [GATED], "approval": "required", "scopes": ["once", "session"]}]}

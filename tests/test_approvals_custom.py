@@ -22,9 +22,9 @@ from vllm_allowed_tools.approvals.store.sql import SCHEMA, SCHEMA_VERSION
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals, direct_events, direct_response, \
     prepare_request
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import FunctionSpec, TurnAllowlist, resolve_allowlist
 from vllm_allowed_tools.response import AllowedNames
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 CUSTOM, FREE = "apply_patch", "get_weather"
 POLICY = {"rules": [{"tools": [CUSTOM], "approval": "required",

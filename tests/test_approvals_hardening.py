@@ -329,7 +329,7 @@ def test_a_schema_1_store_gains_a_secret_when_opened(tmp_path):
 
 
 def test_postgres_store_shares_one_principal_secret():
-    from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
+    from support.postgres import PostgresUnavailable, ThrowawayPostgres
 
     dsn = os.environ.get("VLLM_ALLOWED_TOOLS_TEST_POSTGRES")
     pg = None

@@ -17,8 +17,8 @@ from vllm_allowed_tools.approvals.wire import (
     session_of,
     strip_approval_hints,
 )
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import resolve_allowlist
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 GATED, FREE = "send_email", "get_weather"
 POLICY = {"rules": [{"tools": [GATED], "approval": "required",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 
 from support.parsers import TWO_TOOLS, glue, policy_request, served, unary  # noqa: F401 (glue: a fixture)
 

@@ -133,8 +133,8 @@ def test_real_server_refuses_to_start_with_guidance(tmp_path, monkeypatch, capsy
     import json
 
     from vllm_allowed_tools.devtools.check import main as check
-    from vllm_allowed_tools.testing.server import ServeError, server_environment, start_server
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.serve import ServeError, server_environment, start_server
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     model = ensure_model("random", 0, log=lambda *_: None)
     with pytest.raises(ServeError) as error:
         start_server(model, extra_args=["--structured-outputs-config.backend", "guidance"],
@@ -164,7 +164,7 @@ USERS_ONLY_TEMPLATE = "{% for m in messages if m.role == 'user' %}{{ m.content }
 
 @pytest.fixture(scope="module")
 def tiny_model_dir():
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     return ensure_model("random", 0, log=lambda *_: None)
 
 
@@ -288,7 +288,7 @@ def _post_through_middleware(argv, monkeypatch, body):
     monkeypatch.setenv("VLLM_ALLOWED_TOOLS_CONSTRAINT", "native")
     middleware = AllowedToolsMiddleware(Starlette(routes=[
         Route("/v1/chat/completions", endpoint, methods=["POST"])]))
-    from vllm_allowed_tools.testing.asgi import post_json
+    from support.asgi import post_json
     status, payload = post_json(middleware, "/v1/chat/completions", body)
     return status, payload, (forwarded[0] if forwarded else None)
 

@@ -17,7 +17,7 @@ from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = [pytest.mark.server, pytest.mark.trained_model]
 
-#: names the tool-happy model never saw in training (its pool: vllm_allowed_tools.testing.tool_pool)
+#: names the tool-happy model never saw in training (its pool: vllm_allowed_tools.devtools.models.tool_pool)
 UNSEEN = ["brew_coffee", "water_plants", "tune_guitar"]
 SCHEMA = {"type": "object", "properties": {"amount": {"type": "string"}}, "required": ["amount"]}
 CHAT_TOOLS = [{"type": "function", "function": {"name": n, "description": f"{n.replace('_', ' ')}.",

@@ -15,11 +15,11 @@ from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, Too
 from vllm_allowed_tools.approvals.chat import CODE_TOOL_NEEDS_APPROVAL, ChatApprovals, \
     decide_chat_turn
 from vllm_allowed_tools.approvals.engine import ProposedCall
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.request.rewrite import TEMPLATE_KWARG, narrow_allowlist, rewrite_request
 from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, check_chat_completion
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.wire import ALLOWLIST_KEY
 
 GATED, FREE, BOUND = "send_email", "get_weather", "delete_file"
@@ -232,7 +232,7 @@ def _through_middleware(tmp_path, monkeypatch, body):
     monkeypatch.setenv("VLLM_ALLOWED_TOOLS_GRANT_STORE", str(tmp_path / "grants.db"))
     middleware = AllowedToolsMiddleware(Starlette(routes=[
         Route("/v1/chat/completions", endpoint, methods=["POST"])]))
-    from vllm_allowed_tools.testing.asgi import post_json
+    from support.asgi import post_json
     status, payload = post_json(middleware, "/v1/chat/completions", body)
     return status, payload, (forwarded[0] if forwarded else None)
 

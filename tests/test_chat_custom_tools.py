@@ -26,9 +26,9 @@ from vllm_allowed_tools.response.chat_custom import (
 )
 from vllm_allowed_tools.response.unary import check_chat_completion
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
-from vllm_allowed_tools.testing.grammar_read import tag_nodes
 from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
+from support.grammar_read import tag_nodes
 from support.guard import run_guard
 
 
@@ -210,7 +210,7 @@ def test_the_wrapper_builds_the_custom_input_grammar_for_required_and_named(monk
     from vllm.tool_parsers import ToolParserManager
 
     from vllm_allowed_tools.settings import STAGE_NATIVE
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     from vllm_allowed_tools.vllm_glue import parsers
     from vllm_allowed_tools.vllm_glue.plugin import register
 

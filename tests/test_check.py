@@ -4,7 +4,7 @@ Each check runs in-process (``check.main``, the console script's own function, w
 is compared with what the start-up functions decide on the very command line the check built
 (``check_server_args``, ``choose_placement``) and with the recorded outcomes of the template
 corpus. The formats share one tokenizer: the random tiny model holding every registered format's
-markers (``testing/format_model.py``), so each format is checked with its bundled template in a
+markers (``devtools/models/format_model.py``), so each format is checked with its bundled template in a
 fraction of a second. gpt-oss (harmony, its own 201k-token vocabulary) has a test of its own.
 """
 
@@ -51,14 +51,14 @@ def server_environment(monkeypatch):
 @pytest.fixture(scope="module")
 def every_marker_model() -> Path:
     """The random tiny model with every registered format's markers as single tokens."""
-    from vllm_allowed_tools.testing.format_model import ensure_format_model
+    from vllm_allowed_tools.devtools.models.format_model import ensure_format_model
     markers = tuple(dict.fromkeys(token for entry in wire_formats() for token in entry.special_tokens))
     return ensure_format_model("random", 0, markers, log=lambda *_: None)
 
 
 @pytest.fixture(scope="module")
 def random_model() -> Path:
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     return ensure_model("random", 0, log=lambda *_: None)
 
 
@@ -112,7 +112,7 @@ def test_every_format_starts_with_its_bundled_template(capsys, every_marker_mode
 
 def test_gpt_oss_is_checked_on_its_harmony_prompts(capsys) -> None:
     """No chat template: the probe renders harmony, and the grammar compiles for o200k_harmony."""
-    from vllm_allowed_tools.testing.gpt_oss_model import VOCAB_SIZE, ensure_gpt_oss_tokenizer
+    from vllm_allowed_tools.devtools.models.gpt_oss_model import VOCAB_SIZE, ensure_gpt_oss_tokenizer
     folder = ensure_gpt_oss_tokenizer(log=lambda *_: None)   # a tokenizer and config.json only
     code, report = run(capsys, str(folder), "--tool-call-parser", "allowed_openai")
     assert code == 0 and set(verdicts(report).values()) == {"ok"}, report

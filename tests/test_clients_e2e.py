@@ -195,7 +195,7 @@ def check_codex_request_shape(body: dict[str, Any]) -> None:
 
 def end_token_bias(flavour: str = "tool-happy") -> dict[str, float]:
     """``logit_bias`` that makes the tiny model end its answer with its first token."""
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     config = json.loads((ensure_model(flavour, log=lambda *_: None) / "config.json").read_text())
     return {str(config["eos_token_id"]): 100.0}
 

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "vllm_allowed_tools"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60
 ROLES = ("request", "decode", "response", "approvals", "dispatch", "formats", "grammars", "templates",
-         "asgi", "vllm_glue", "devtools", "testing")
+         "asgi", "vllm_glue", "devtools")
 
 
 def _modules() -> list[Path]:
@@ -180,8 +180,8 @@ def test_the_wire_package_sits_at_the_bottom() -> None:
 
 
 #: the reads of ``tool_choice`` outside wire/ (which parses it), each as (module, expression): none
-#: parses it; each only passes the value on or reads back what the plugin wrote. testing/ is left out:
-#: its clients read the bodies they built and the echoes they got back, as any client does.
+#: parses it; each only passes the value on or reads back what the plugin wrote (the test clients that
+#: read the bodies they built and the echoes they got back are in tests/support/, not the package).
 TOOL_CHOICE_READS = {
     ("request/rewrite.py", 'body.get("tool_choice")'):
         "the client's own choice, kept as sent to be echoed back (echo_of, restore_echo)",
@@ -230,7 +230,7 @@ def test_only_the_wire_package_reads_tool_choice() -> None:
     """One parser of the client's ``tool_choice`` (wire/tool_choice.py): any other module that reads
     the field is a second parser, with its own idea of the shapes and its own error texts."""
     reads = sorted((str(p.relative_to(PACKAGE)), expression) for p in _modules()
-                   if p.relative_to(PACKAGE).parts[0] not in ("wire", "testing")
+                   if p.relative_to(PACKAGE).parts[0] != "wire"
                    for expression in _tool_choice_reads(p.read_text()))
     assert reads == sorted(TOOL_CHOICE_READS), (
         "tool_choice is read outside wire/ (read it with wire.read_tool_choice / tool_choice_of, or "
@@ -238,8 +238,10 @@ def test_only_the_wire_package_reads_tool_choice() -> None:
 
 
 #: the parts of the package from the top floor down: a part imports only parts on its own floor or
-#: below (docs/architecture.md draws the same order); a part not named here is a ground-floor file
-FLOORS = (("devtools",), ("testing",), ("vllm_glue",), ("asgi",), ("server_tools",), ("approvals",),
+#: below (docs/architecture.md draws the same order); a part not named here is a ground-floor file.
+#: A part is a folder, a folder inside one (devtools/models: the models the commands build and
+#: serve, below the commands), or a module; a module's part is the longest that holds it.
+FLOORS = (("devtools",), ("devtools/models",), ("vllm_glue",), ("asgi",), ("server_tools",), ("approvals",),
           ("decode", "response", "dispatch"), ("settings.py",), ("arguments.py",), ("request",),
           ("wire", "formats"))
 #: upward arrows still standing, each with why (the list only shrinks)
@@ -247,8 +249,17 @@ UPWARD_KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _floor(module: str) -> int:
-    part = Path(module).parts[0]
-    return next((n for n, parts in enumerate(FLOORS) if part in parts), len(FLOORS))
+    path = Path(module).parts
+    holding = [(len(Path(part).parts), n) for n, parts in enumerate(FLOORS) for part in parts
+               if path[:len(Path(part).parts)] == Path(part).parts]
+    return max(holding)[1] if holding else len(FLOORS)
+
+
+def test_a_module_is_on_the_floor_of_the_longest_part_holding_it() -> None:
+    assert _floor("devtools/cli.py") == 0 and _floor("devtools/serve.py") == 0
+    assert _floor("devtools/models/tiny_model.py") == 1
+    assert _floor("settings.py") == FLOORS.index(("settings.py",))
+    assert _floor("cpu_build.py") == len(FLOORS)
 
 
 def test_no_import_runs_back_up_between_the_parts() -> None:

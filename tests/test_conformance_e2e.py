@@ -14,9 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
 from vllm_allowed_tools.response.conformance import TERMINAL_EVENT, check_response, check_stream
-from vllm_allowed_tools.testing.calls import responses_selection
-from vllm_allowed_tools.testing.tool_pool import POOL
+
+from support.calls import responses_selection
 
 pytestmark = pytest.mark.server
 

@@ -125,7 +125,7 @@ def test_stage_choice(requested, compiles, on_cpu, blocked, expected):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     return AutoTokenizer.from_pretrained(str(ensure_model("random")))
 
 

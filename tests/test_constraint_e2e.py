@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME, sample_catalog
 
+from support.calls import chat_calls, chat_selection, responses_calls
+from support.metrics import scrape_metric
 from support.servers import start_cli_server, stop_cli_server
 from support.serving import catalog_and_subset, happy_model_violation_figures
 
@@ -181,8 +181,8 @@ def test_offline_llm_is_constrained_through_extra_args():
 
     from vllm_allowed_tools.decode.split import constraint_extra_args
     from vllm_allowed_tools.decode.grammar import allowed_tools_grammar
-    from vllm_allowed_tools.testing.server import server_environment
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.serve import server_environment
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     os.environ.update(server_environment())
     from vllm import LLM, SamplingParams
     catalog, allowed = catalog_and_subset(11)

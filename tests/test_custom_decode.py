@@ -180,7 +180,7 @@ def test_the_format_writes_the_input_as_its_parser_reads_it(glue, fmt):
 def glue():
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.format_model import model_for_parser
+    from vllm_allowed_tools.devtools.models.format_model import model_for_parser
     from vllm_allowed_tools.vllm_glue.plugin import register
     register()
     cache: dict = {}

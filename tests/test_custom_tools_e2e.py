@@ -140,8 +140,8 @@ def test_chat_a_function_named_as_a_custom_tool_is_a_400_naming_the_field(random
 def trigger_bias() -> dict[str, float]:
     """``logit_bias`` pushing the random model onto hermes' ``<tool_call>`` token, so an ``auto``
     turn opens calls at once (what follows the trigger is the grammar's)."""
-    from vllm_allowed_tools.testing.format_model import writing_nudges
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.format_model import writing_nudges
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     return writing_nudges(ensure_model("random", log=lambda *_: None), {"<tool_call>": 30.0})
 
 

@@ -42,8 +42,8 @@ from vllm_allowed_tools.dispatch import (
     allow_all,
     deny,
 )
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import ToolIdentity
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 CATALOG = ["get_weather", "read_file", "send_email", "list_user", "delete_photo"]
 

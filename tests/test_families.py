@@ -10,8 +10,8 @@ import json
 import pytest
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.formats import wire_format
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
 
 from support.parsers import policy_request, tokenizer_for  # noqa: F401 (tokenizer_for: a fixture)
 

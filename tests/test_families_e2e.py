@@ -27,9 +27,9 @@ import os
 import openai
 import pytest
 
-from vllm_allowed_tools.testing.calls import responses_calls, responses_selection
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 
+from support.calls import responses_calls, responses_selection
 from support.families import (
     MAX_TOKENS,
     assert_auto_pushed_calls_only_allowed,

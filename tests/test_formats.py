@@ -26,7 +26,8 @@ from vllm_allowed_tools.formats import (
 )
 from vllm_allowed_tools.grammars import GRAMMAR_DIR
 from vllm_allowed_tools.templates import TEMPLATE_DIR
-from vllm_allowed_tools.testing.grammar_read import grammar_style, tag_nodes
+
+from support.grammar_read import grammar_style, tag_nodes
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -88,7 +89,7 @@ def test_every_format_has_a_bundled_template_and_consistent_marker(name):
 
 def test_derived_tables_read_the_registry():
     from vllm_allowed_tools.devtools.prefix import POLICY_BLOCK_MARKERS
-    from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, template_for_parser
+    from vllm_allowed_tools.devtools.serve import TEMPLATE_FOR_PARSER, template_for_parser
     assert TEMPLATE_FOR_PARSER["allowed_longcat"] == "hermes"
     assert template_for_parser("longcat").stem == "hermes"
     assert template_for_parser("allowed_nonesuch").stem == "hermes"
@@ -183,7 +184,7 @@ def harmony_accepts(tag, text: str, *, pieces: bool = False) -> bool:
     """``tag`` admits ``text`` written with harmony's markers as their tokens (``pieces``: each
     marker spelled in one-character tokens instead), over a walk vocabulary, each token in the
     matcher's mask (as a model decodes)."""
-    from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, marker_texts
+    from support.grammar_walk import GrammarWalker, marker_texts
     texts = marker_texts("openai")
     walker = GrammarWalker(tag, list(texts.values()), token_texts=texts)
     tokens = [piece for part in re.split("(<\\|[a-z]+\\|>)", text) if part

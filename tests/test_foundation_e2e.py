@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vllm_allowed_tools.testing.tool_pool import POOL, sample_catalog
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, sample_catalog
 
 pytestmark = pytest.mark.server
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.templates.render import render_chat
-from vllm_allowed_tools.testing.server import free_port
+from vllm_allowed_tools.devtools.models import tiny_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, sample_catalog
+from vllm_allowed_tools.devtools.serve import free_port
 from vllm_allowed_tools.templates import template_path
-from vllm_allowed_tools.testing import tiny_model
-from vllm_allowed_tools.testing.tool_pool import POOL, sample_catalog
+from vllm_allowed_tools.templates.render import render_chat
 
 
 def test_templates_ship_inside_the_package():

@@ -1,7 +1,7 @@
 """gpt-oss end to end: vLLM's harmony path (no chat template; openai_harmony renders, vLLM's
 HarmonyParser reads the calls) under ``--tool-call-parser allowed_openai`` alone (the one-flag
-launch), on a tiny gpt-oss model built offline (testing/gpt_oss_model.py: the real architecture,
-attention sinks and MoE included, random weights; vLLM's CPU build serves it).
+launch), on a tiny gpt-oss model built offline (devtools/models/gpt_oss_model.py: the real
+architecture, attention sinks and MoE included, random weights; vLLM's CPU build serves it).
 
 The contract suite of the hermes path, on both endpoints: ``required`` gives only allowed calls (one
 with ``parallel_tool_calls: false``), unary and streamed; ``auto`` never a disallowed call; Responses
@@ -19,14 +19,14 @@ import httpx
 import openai
 import pytest
 
-from vllm_allowed_tools.testing.calls import (
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
+
+from support.calls import (
     chat_calls,
     chat_selection,
     responses_calls,
     responses_selection,
 )
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
-
 from support.gpt_oss import nudges
 from support.servers import start_cli_server, stop_cli_server
 

@@ -5,10 +5,10 @@ unary and streamed in random chunkings (issue 27, item 1).
 Per format of the registry (aliases included) and per spelling (below), ``WALKS`` random walks of
 the format's ``required`` grammar (``build_structural_tag(format, allowed, "required",
 parallel_tool_calls=False)``, the tag the wrapper hands vLLM) over a synthetic vocabulary
-(:mod:`vllm_allowed_tools.testing.grammar_walk`): every printable ASCII character, whitespace, a few
+(tests/support/grammar_walk.py): every printable ASCII character, whitespace, a few
 non-ASCII characters, the format's markers and markup strings. Each walked string is read twice:
 
-* what the walk wrote: :func:`~vllm_allowed_tools.testing.grammar_read.read_calls` reads it by the
+* what the walk wrote: :func:`~support.grammar_read.read_calls` reads it by the
   tag's own structure (which call tag, its function, the exact text of its arguments);
 * what the server reads: vLLM's serving-layer parser (``ParserManager.get_parser`` over
   ``allowed_<format>``, as ``vllm serve`` composes it; for gpt-oss vLLM's ``HarmonyParser``), on a
@@ -60,12 +60,11 @@ import pytest
 
 from vllm_allowed_tools.decode.argument_slots import object_schema
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.devtools.models.format_model import HARMONY_FORMATS
 from vllm_allowed_tools.formats import wire_format, wire_formats
-from vllm_allowed_tools.testing.calls import chat_selection
-from vllm_allowed_tools.testing.format_model import HARMONY_FORMATS
-from vllm_allowed_tools.testing.grammar_read import WrittenCall, python_calls, read_calls, xml_parameters
-from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens, marker_texts
 
+from support.calls import chat_selection
+from support.grammar_read import WrittenCall, python_calls, read_calls, xml_parameters
 from support.grammar_reads import (
     ALLOWED,
     CATALOG,
@@ -78,6 +77,7 @@ from support.grammar_reads import (
     streamed_calls,
     unary_calls,
 )
+from support.grammar_walk import GrammarWalker, format_tokens, marker_texts
 from support.parsers import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
 FORMATS = [entry.name for entry in wire_formats()]

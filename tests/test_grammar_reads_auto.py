@@ -22,10 +22,9 @@ import pytest
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.formats import wire_format, wire_formats
-from vllm_allowed_tools.testing.calls import chat_selection
-from vllm_allowed_tools.testing.grammar_read import python_calls
-from vllm_allowed_tools.testing.grammar_walk import GrammarWalker, format_tokens
 
+from support.calls import chat_selection
+from support.grammar_read import python_calls
 from support.grammar_reads import (
     ALLOWED,
     CATALOG,
@@ -38,6 +37,7 @@ from support.grammar_reads import (
     streamed_calls,
     unary_calls,
 )
+from support.grammar_walk import GrammarWalker, format_tokens
 from support.parsers import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
 

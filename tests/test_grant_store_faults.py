@@ -28,9 +28,10 @@ from vllm_allowed_tools.approvals import (
 )
 from vllm_allowed_tools.approvals.stream import ApprovalStream
 from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import FunctionSpec, ToolIdentity, resolve_allowlist
-from vllm_allowed_tools.testing.store_faults import sqlite_locked
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+
+from support.store_faults import sqlite_locked
 
 GATED, FREE = "send_email", "get_weather"
 POLICY = ApprovalPolicy.from_mapping({"rules": [{"tools": [GATED], "approval": "required",
@@ -242,7 +243,7 @@ def test_a_call_only_in_the_terminal_snapshot_is_still_decided(store_dir: Path) 
 # ------------------------------------------------------------------------------------- PostgreSQL
 
 def test_postgres_stopped_fails_closed_and_recovers() -> None:
-    from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
+    from support.postgres import PostgresUnavailable, ThrowawayPostgres
 
     try:
         pg = ThrowawayPostgres.start()

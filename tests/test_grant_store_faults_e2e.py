@@ -1,5 +1,5 @@
 """Grant-store faults on the real server, at CI size; the same code as ``benchmarks/reliability.py``
-runs (:mod:`vllm_allowed_tools.testing.reliability`: its store-outage and kill parts), one JSON line
+runs (tests/support/reliability/: its store-outage and kill parts), one JSON line
 of figures each.
 
 * The store unavailable while the server runs: SQLite (its folder moved away; its write lock held
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.testing import reliability as rel
-from vllm_allowed_tools.testing.store_faults import sqlite_locked
 
+from support import reliability as rel
 from support.servers import start_cli_server, stop_cli_server
+from support.store_faults import sqlite_locked
 
 pytestmark = pytest.mark.server
 
@@ -70,7 +70,7 @@ def test_sqlite_store_unavailable_fails_closed_and_recovers(tmp_path):
 
 
 def test_postgres_store_unavailable_fails_closed_and_recovers():
-    from vllm_allowed_tools.testing.postgres import PostgresUnavailable, ThrowawayPostgres
+    from support.postgres import PostgresUnavailable, ThrowawayPostgres
 
     try:
         pg = ThrowawayPostgres.start()

@@ -32,8 +32,8 @@ from vllm_allowed_tools.response import (
     check_chat_completion,
     check_responses_object,
 )
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
 from vllm_allowed_tools.request.rewrite import rewrite_request
-from vllm_allowed_tools.testing.tool_pool import POOL
 from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
 from support.guard import (DATA, chat_calls, load, renumber, responses_calls, send_plan, sse_events,

@@ -46,10 +46,10 @@ from vllm_allowed_tools.response import (
     check_responses_object,
     run_sync,
 )
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
 from vllm_allowed_tools.response.contract import NAMES_ONLY, OutputContract
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
 from vllm_allowed_tools.settings import Settings
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
 
 from support.guard import DATA, load, responses_calls, run_guard, send_plan, stream, with_reasoning
 

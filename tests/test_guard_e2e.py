@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.tool_pool import POOL
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
 
+from support.metrics import scrape_metric
 from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server

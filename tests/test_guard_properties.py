@@ -22,9 +22,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
 from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
-from vllm_allowed_tools.testing.tool_pool import POOL
 
 from support.guard import chat_calls
 

@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 pytest.importorskip("vllm")
 
 from vllm_allowed_tools.asgi.routes import decide  # noqa: E402
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME  # noqa: E402
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME  # noqa: E402
 
 MIDDLEWARE = "vllm_allowed_tools.vllm_glue.middleware.AllowedToolsMiddleware"
 KEY = "key-one"

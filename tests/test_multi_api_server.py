@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
-from vllm_allowed_tools.testing.calls import chat_calls, responses_calls
 
+from support.calls import chat_calls, responses_calls
 from support.servers import start_cli_server, stop_cli_server
 from support.serving import catalog_and_subset
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.testing.calls import chat_calls
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME, sample_catalog
 
+from support.calls import chat_calls
 from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vllm_allowed_tools.testing.server import start_server
-from vllm_allowed_tools.testing.tiny_model import ensure_model
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.devtools.serve import start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.trained_model]
 

@@ -5,7 +5,7 @@ one parser, and stops its server, before starting the next). Each server is
 `vllm-allowed-tools serve-tiny --flavour random --parser allowed_X`, which serves the parser's own
 bundled template. Two of vLLM's parsers refuse a tokenizer that lacks their marker token, which the
 tiny model's tokenizer does not have, so serve-tiny serves them a copy of the tiny model with the
-registry's ``special_tokens`` of the format added (testing/format_model.py; the weights are
+registry's ``special_tokens`` of the format added (devtools/models/format_model.py; the weights are
 untouched, the model's vocabulary has room):
 
 * ``allowed_llama3_json``: ``Llama3JsonToolParser`` needs ``<|python_tag|>``;
@@ -36,13 +36,13 @@ from pathlib import Path
 
 import pytest
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME, sample_catalog
 from vllm_allowed_tools.devtools.prefix import policy_block_offset, render_with_policy
+from vllm_allowed_tools.devtools.serve import TEMPLATE_FOR_PARSER, ServeTinyProcess
 from vllm_allowed_tools.templates.render import render_chat
-from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls
-from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, ServeTinyProcess
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
 
 from support import custom_tools
+from support.calls import chat_calls, chat_selection, responses_calls
 from support.families import assert_auto_pushed_calls_only_allowed
 from support.parsers import TWO_TOOLS, format_model, glue, policy_request
 from support.servers import start_cli_server, stop_cli_server
@@ -187,7 +187,7 @@ def test_base_parsers_refuse_a_tokenizer_without_their_marker_token():
     from transformers import AutoTokenizer
     from vllm.tool_parsers import ToolParserManager
 
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     from vllm_allowed_tools.vllm_glue.plugin import register
 
     register()

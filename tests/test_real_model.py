@@ -8,8 +8,8 @@ import zipfile
 
 import pytest
 
-from vllm_allowed_tools.testing import real_model
-from vllm_allowed_tools.testing.tiny_model import MARKER_FILE, TinyModelError
+from vllm_allowed_tools.devtools.models import real_model
+from vllm_allowed_tools.devtools.models.tiny_model import MARKER_FILE, TinyModelError
 
 
 def test_a_gguf_that_is_not_the_pinned_one_is_refused(tmp_path):

@@ -22,9 +22,9 @@ from typing import Any
 import openai
 import pytest
 
-from vllm_allowed_tools.testing.calls import chat_selection, responses_selection
 
 from support import readme
+from support.calls import chat_selection, responses_selection
 
 pytestmark = pytest.mark.server
 

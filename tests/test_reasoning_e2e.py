@@ -18,11 +18,11 @@ import random
 import httpx
 import pytest
 
-from vllm_allowed_tools.testing.calls import chat_calls, chat_selection, responses_calls, responses_selection
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.tiny_model import ensure_model
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
 
+from support.calls import chat_calls, chat_selection, responses_calls, responses_selection
+from support.metrics import scrape_metric
 from support.servers import load_script, start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server

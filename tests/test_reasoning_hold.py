@@ -213,9 +213,9 @@ def test_the_wrapper_marks_turns_that_must_call_and_a_client_cannot():
     from vllm.tool_parsers import ToolParserManager
 
     from vllm_allowed_tools.request.rewrite import rewrite_request
-    from vllm_allowed_tools.testing.calls import chat_selection
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-    from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+    from support.calls import chat_selection
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
     from vllm_allowed_tools.vllm_glue.plugin import register
 
     register()
@@ -252,8 +252,8 @@ def test_a_call_written_inside_the_reasoning_is_never_a_call(tokenizer, parser):
     from vllm.tool_parsers import ToolParserManager
 
     from vllm_allowed_tools.request.rewrite import rewrite_request
-    from vllm_allowed_tools.testing.calls import chat_selection
-    from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+    from support.calls import chat_selection
+    from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
     from vllm_allowed_tools.vllm_glue.plugin import register
 
     register()

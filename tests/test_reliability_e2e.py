@@ -1,6 +1,6 @@
 """Reliability against the real server: request fuzzing, concurrent load, client faults.
 
-The machinery lives in :mod:`vllm_allowed_tools.testing.reliability` (``benchmarks/reliability.py``
+The machinery lives in tests/support/reliability/ (``benchmarks/reliability.py``
 runs it at a larger size against a server it starts itself); these tests run the same code at a size
 that fits CI, on the session's random-model server, and print one JSON line of figures each
 (``pytest -s`` shows them).
@@ -25,8 +25,8 @@ import uuid
 import httpx
 import pytest
 
-from vllm_allowed_tools.testing import reliability as rel
 
+from support import reliability as rel
 from support.servers import start_cli_server, stop_cli_server
 
 FUZZ_EXAMPLES = int(os.environ.get("VLLM_ALLOWED_TOOLS_FUZZ_EXAMPLES", "200"))

@@ -23,12 +23,12 @@ import time
 import httpx
 import pytest
 
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.postgres import PostgresUnavailable
-from vllm_allowed_tools.testing.proxy import SERVED_BY_HEADER, ProxyUnavailable
-from vllm_allowed_tools.testing.reliability.kill import kill_server_hard
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 
+from support.metrics import scrape_metric
+from support.postgres import PostgresUnavailable
+from support.proxy import SERVED_BY_HEADER, ProxyUnavailable
+from support.reliability.kill import kill_server_hard
 from support.servers import load_script
 
 pytestmark = pytest.mark.server

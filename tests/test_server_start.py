@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from vllm_allowed_tools.testing import server as server_module
-from vllm_allowed_tools.testing.server import ServeError, start_serve_tiny
+from vllm_allowed_tools.devtools import serve as server_module
+from vllm_allowed_tools.devtools.serve import ServeError, start_serve_tiny
 
 
 def _child(monkeypatch, code: str) -> None:

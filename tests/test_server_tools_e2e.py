@@ -1,7 +1,7 @@
 """Server-side tools end to end: calls vLLM runs itself (gpt-oss's ``container`` behind
 ``--tool-server``) are decided by the plugin before they run.
 
-Real parts: a local MCP server over SSE named ``container`` (``testing/mcp_server.py``: tools
+Real parts: a local MCP server over SSE named ``container`` (``tests/support/mcp_server.py``: tools
 ``exec``, ``ls``, ``slow``; every execution appended to a log file before the tool answers), the tiny
 gpt-oss, ``vllm-allowed-tools serve-tiny --parser allowed_openai --one-flag -- --tool-server
 127.0.0.1:PORT``, the official ``openai`` SDK. Every assertion about what ran is on the MCP server's
@@ -34,10 +34,11 @@ import httpx
 import openai
 import pytest
 
-from vllm_allowed_tools.testing.reliability.kill import kill_server_hard
-from vllm_allowed_tools.testing.server import free_port
+from vllm_allowed_tools.devtools.serve import free_port
 
+from support import mcp_server
 from support.gpt_oss import nudges
+from support.reliability.kill import kill_server_hard
 from support.servers import start_cli_server, stop_cli_server
 
 pytestmark = pytest.mark.server
@@ -59,7 +60,7 @@ def mcp(tmp_path_factory):
     ports = {name: free_port() for name in names}
 
     def start(name: str) -> subprocess.Popen:
-        process = subprocess.Popen([sys.executable, "-m", "vllm_allowed_tools.testing.mcp_server",
+        process = subprocess.Popen([sys.executable, mcp_server.__file__,
                                     "--port", str(ports[name]), "--log", str(log), "--name", name],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60

@@ -13,15 +13,15 @@ import httpx
 import openai
 import pytest
 
-from vllm_allowed_tools.testing.calls import (
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
+
+from support.calls import (
     chat_calls,
     chat_selection,
     responses_calls,
     responses_selection,
 )
-from vllm_allowed_tools.testing.metrics import scrape_metric
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
-
+from support.metrics import scrape_metric
 from support.serving import catalog_and_subset, happy_model_violation_figures
 
 pytestmark = pytest.mark.server

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from vllm_allowed_tools import settings as settings_module
+from vllm_allowed_tools.devtools.models.helper_settings import HelperSettings
 from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.settings import Settings, SettingsError, markdown_table, variable_rows
-from vllm_allowed_tools.testing.helper_settings import HelperSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "vllm_allowed_tools"
@@ -100,7 +100,7 @@ FIELD_CASES = {
 }
 
 
-#: the test helpers' own variables (testing/helper_settings.py: never the served plugin's)
+#: the dev tools' own variables (devtools/models/helper_settings.py: never the served plugin's)
 HELPER_CASES = {
     "cache": ({"/tmp/vat": Path("/tmp/vat")}, {}),
     "pytest_current_test": ({"tests/test_x.py::t (call)": "tests/test_x.py::t (call)"}, {}),

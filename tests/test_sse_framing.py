@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vllm_allowed_tools import metrics
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
 from vllm_allowed_tools.response import AllowedNames, ChatStreamGuard, GuardedSSE, ResponsesStreamGuard
 from vllm_allowed_tools.response.sse import SSEEvent, SSEFramer
-from vllm_allowed_tools.testing.tool_pool import POOL
 
 DATA = Path(__file__).parent / "data" / "guard"
 NAMES = [tool.name for tool in POOL[:8]]

@@ -262,9 +262,9 @@ def test_the_parser_wrapper_hands_the_split_to_the_logits_processor(monkeypatch,
 
     from vllm_allowed_tools.settings import STAGE_LOGITS_PROCESSOR
     from vllm_allowed_tools.request.rewrite import rewrite_request
-    from vllm_allowed_tools.testing.calls import chat_selection
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
-    from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+    from support.calls import chat_selection
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
     from vllm_allowed_tools.vllm_glue import parsers
     from vllm_allowed_tools.vllm_glue.plugin import register
 

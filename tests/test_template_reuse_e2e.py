@@ -37,7 +37,7 @@ def bench():
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     return ensure_model("random", log=lambda *_: None)
 
 

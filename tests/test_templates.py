@@ -26,10 +26,10 @@ from vllm_allowed_tools.devtools.prefix import (
 from vllm_allowed_tools.devtools.prefix import (
     main as prefix_main,
 )
-from vllm_allowed_tools.templates.render import load_template, render_chat
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
 from vllm_allowed_tools.formats import wire_formats
 from vllm_allowed_tools.templates import TEMPLATE_DIR
-from vllm_allowed_tools.testing.tool_pool import POOL, POOL_BY_NAME
+from vllm_allowed_tools.templates.render import load_template, render_chat
 
 TEMPLATES = ["hermes", "llama3_json", "qwen3_coder", "mistral", "pythonic", "deepseek_v3", "deepseek_v31",
              "kimi_k2", "glm47", "minimax_m2", "seed_oss", "granite", "phi4_mini_json", "xlam"]
@@ -82,7 +82,7 @@ END_OF_TURN = {
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_allowed_tools.testing.tiny_model import build
+    from vllm_allowed_tools.devtools.models.tiny_model import build
     return build(tmp_path_factory.mktemp("tiny") / "random", "random", seed=0, log=lambda *_: None)
 
 
@@ -164,7 +164,7 @@ def concrete(policy, tools):
 # ----------------------------------------------------------------------------------------- tests
 
 def test_every_parser_has_its_own_bundled_template():
-    from vllm_allowed_tools.testing.server import TEMPLATE_FOR_PARSER, template_for_parser
+    from vllm_allowed_tools.devtools.serve import TEMPLATE_FOR_PARSER, template_for_parser
     for parser, name in TEMPLATE_FOR_PARSER.items():
         assert (TEMPLATE_DIR / f"{name}.jinja").is_file(), parser
         assert template_for_parser(parser).stem == name

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 pytest.importorskip("vllm")
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME  # noqa: E402
 from vllm_allowed_tools.errors import AllowedToolsError  # noqa: E402
 from vllm_allowed_tools.request.rewrite import rewrite_request  # noqa: E402
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME  # noqa: E402
 from vllm_allowed_tools.wire import ALLOWLIST_KEY  # noqa: E402
 
 NAMES = ("send_email", "get_weather")

@@ -14,6 +14,7 @@ allowed_hermes``, no ``--middleware``), one ``allowed_tools`` request per API th
 
 from __future__ import annotations
 
+import ast
 import configparser
 import json
 import os
@@ -28,12 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.settings import STAGE_ENV
+from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME, sample_catalog
+from vllm_allowed_tools.devtools.serve import MODEL_TEMPLATE, start_server
 from vllm_allowed_tools.formats import wire_formats
-from vllm_allowed_tools.testing.calls import chat_calls, responses_calls
-from vllm_allowed_tools.testing.server import MODEL_TEMPLATE, start_server
-from vllm_allowed_tools.testing.tiny_model import ensure_model
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME, sample_catalog
+from vllm_allowed_tools.settings import STAGE_ENV
+
+from support.calls import chat_calls, responses_calls
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "vllm_allowed_tools"
@@ -135,6 +137,61 @@ def test_the_wheel_carries_every_file_of_the_package(builds):
     assert not extra, f"the wheel carries files the source tree does not have: {extra}"
     changed = sorted(name for name, data in in_tree.items() if in_wheel[name] != data)
     assert not changed, f"the wheel's copies differ from the source tree's: {changed}"
+
+
+#: what the command line needs ships with it: the server starter (``serve-tiny``, the demo) and the
+#: models it builds and serves (the tiny ones, per-format copies, the tiny gpt-oss, the real SmolLM2)
+COMMAND_HELPERS = ("devtools/serve.py", "devtools/serve_ledger.py", "devtools/models/tiny_model.py",
+                   "devtools/models/format_model.py", "devtools/models/gpt_oss_model.py",
+                   "devtools/models/real_model.py", "devtools/models/tool_pool.py",
+                   "devtools/models/transcripts.py", "devtools/models/helper_settings.py")
+#: what only the tests have: a wheel module importing one of these would not run where it is installed
+TEST_ONLY_IMPORTS = {"support", "tests", "conftest", "pytest", "_pytest", "hypothesis", "selenium"}
+
+
+def _imported_modules(path: str, source: bytes) -> set[str]:
+    """The modules a wheel module imports, relative imports resolved to wheel paths' dotted form."""
+    package = path.removesuffix(".py").split("/")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = [*base, *(node.module.split(".") if node.module else [])]
+            found |= {".".join(module)} | {".".join([*module, alias.name]) for alias in node.names}
+    return found
+
+
+def test_the_wheel_ships_what_the_commands_need_and_no_test_helper(builds):
+    """``testing/`` is gone from the package: the server starter and the models the commands serve
+    ship in ``devtools/`` (each devtools module is a command, ``python -m`` or the console script,
+    or one a command imports), and what only the tests use is in tests/support/, not the wheel."""
+    files = wheel_files(builds.wheel)
+    modules = {name: data for name, data in files.items() if name.endswith(".py")}
+    missing = [helper for helper in COMMAND_HELPERS if f"{PACKAGE}/{helper}" not in modules]
+    assert not missing, f"the commands' helpers missing from the wheel: {missing}"
+    assert not [name for name in files if "/testing/" in name or name.startswith(("tests/", "support/"))]
+    needing_tests = sorted(name for name, data in modules.items()
+                           if {module.split(".")[0] for module in _imported_modules(name, data)}
+                           & TEST_ONLY_IMPORTS)
+    assert not needing_tests, f"wheel modules that import what only the tests have: {needing_tests}"
+    [entry_points] = [data for name, data in files.items() if name.endswith(".dist-info/entry_points.txt")]
+    script = configparser.ConfigParser(delimiters=("=",))
+    script.read_string(entry_points.decode("utf-8"))
+    console = script["console_scripts"]["vllm-allowed-tools"].split(":")[0]
+    devtools = {name.removesuffix(".py").replace("/", "."): data for name, data in modules.items()
+                if name.startswith(f"{PACKAGE}/devtools/") and not name.endswith("__init__.py")}
+    reached, todo = set(), [console, *(name for name, data in devtools.items()
+                                       if b'if __name__ == "__main__":' in data)]
+    while todo:
+        module = todo.pop()
+        if module in devtools and module not in reached:
+            reached.add(module)
+            todo += _imported_modules(module.replace(".", "/") + ".py", devtools[module])
+    assert set(devtools) == reached, (
+        f"devtools modules no command needs (test helpers belong in tests/support/): "
+        f"{sorted(set(devtools) - reached)}")
 
 
 def test_the_sdist_builds_the_same_wheel(builds):

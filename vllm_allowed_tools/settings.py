@@ -166,8 +166,8 @@ class _MappingSource(EnvSettingsSource):
 
 class EnvironmentSettings(BaseSettings):
     """One field per environment variable (:func:`env_field`; an empty value counts as unset),
-    read from a given mapping only (:meth:`read`): the plugin's :class:`Settings`, and the test
-    helpers' own (``testing/helper_settings.py``)."""
+    read from a given mapping only (:meth:`read`): the plugin's :class:`Settings`, and the dev
+    tools' own (``devtools/models/helper_settings.py``)."""
 
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, env_ignore_empty=True,
                                       enable_decoding=False, extra="ignore")

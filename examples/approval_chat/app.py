@@ -36,7 +36,7 @@ from web import build_app  # noqa: E402
 
 from vllm_allowed_tools.approvals.policy import load_policy  # noqa: E402
 from vllm_allowed_tools.approvals.store import open_store  # noqa: E402
-from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny  # noqa: E402
+from vllm_allowed_tools.devtools.serve import ServeTinyProcess, start_serve_tiny  # noqa: E402
 
 POLICY = HERE / "policy.toml"
 

@@ -9,9 +9,10 @@ import random
 
 import pytest
 
+from vllm_allowed_tools.devtools.models.tool_pool import sample_catalog
 from vllm_allowed_tools.formats import wire_format
-from vllm_allowed_tools.testing.calls import chat_selection, responses_calls
-from vllm_allowed_tools.testing.tool_pool import sample_catalog
+
+from support.calls import chat_selection, responses_calls
 
 MAX_TOKENS = 160
 
@@ -25,7 +26,7 @@ def catalog_and_subset(seed: int):
 
 def served_model(family: str):
     """The model folder serve-tiny serves for the family (cached: built by the fixture's server)."""
-    from vllm_allowed_tools.testing.format_model import model_for_parser
+    from vllm_allowed_tools.devtools.models.format_model import model_for_parser
     return model_for_parser("random", 0, f"allowed_{family}", log=lambda *_: None)
 
 
@@ -38,7 +39,7 @@ def nudges(family: str) -> dict[str, float]:
     admits them spelled in pieces). Nothing else is nudged: whatever else the grammar admits, the
     parser reads."""
     if family not in _NUDGES:
-        from vllm_allowed_tools.testing.format_model import writing_nudges
+        from vllm_allowed_tools.devtools.models.format_model import writing_nudges
         _NUDGES[family] = writing_nudges(served_model(family), dict.fromkeys(
             wire_format(family).special_tokens, 30.0))
     return _NUDGES[family]

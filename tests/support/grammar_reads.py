@@ -10,7 +10,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_allowed_tools.testing.grammar_walk import GrammarWalker
+
+from support.grammar_walk import GrammarWalker
 
 WALKS = int(os.environ.get("VLLM_ALLOWED_TOOLS_WALKS", "100"))
 SPELLINGS = {

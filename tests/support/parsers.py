@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from vllm_allowed_tools.testing.calls import chat_selection
-from vllm_allowed_tools.testing.tool_pool import POOL_BY_NAME
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
+
+from support.calls import chat_selection
 
 
 def format_model(parser: str) -> Path:
     """The tiny random model as serve-tiny serves it for ``parser``: with the format's markers
     (``<|python_tag|>``, ``[TOOL_CALLS]``) as tokens where vLLM's parser needs them."""
-    from vllm_allowed_tools.testing.format_model import model_for_parser
+    from vllm_allowed_tools.devtools.models.format_model import model_for_parser
     return model_for_parser("random", 0, parser, log=lambda *_: None)
 
 
@@ -45,7 +46,7 @@ def tokenizer_for():
     ``model_for_parser`` builds it), our parsers registered."""
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.format_model import model_for_parser
+    from vllm_allowed_tools.devtools.models.format_model import model_for_parser
     from vllm_allowed_tools.vllm_glue.plugin import register
     register()
     cache: dict = {}

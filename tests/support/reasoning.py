@@ -9,7 +9,7 @@ from typing import Any
 def tiny_tokenizer(flavour: str) -> Any:
     from transformers import AutoTokenizer
 
-    from vllm_allowed_tools.testing.tiny_model import ensure_model
+    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     return AutoTokenizer.from_pretrained(str(ensure_model(flavour, log=lambda *_: None)))
 
 

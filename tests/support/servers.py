@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from vllm_allowed_tools.testing.server import ServeTinyProcess, start_serve_tiny
+from vllm_allowed_tools.devtools.serve import ServeTinyProcess, start_serve_tiny
 
 #: the repository's root (examples/, benchmarks/ are folders of it)
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import random
 
-from vllm_allowed_tools.testing.calls import chat_selection
-from vllm_allowed_tools.testing.tool_pool import sample_catalog
+from vllm_allowed_tools.devtools.models.tool_pool import sample_catalog
+
+from support.calls import chat_selection
 
 
 def catalog_and_subset(seed: int) -> tuple[list, list[str]]:

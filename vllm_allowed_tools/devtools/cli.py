@@ -15,10 +15,10 @@ import signal
 import sys
 from pathlib import Path
 
-from ..testing.server import DEFAULT_PARSER, ServeError, start_server
-from ..testing.tiny_model import FLAVOURS, TinyModelError, validate_model_dir
+from .models.tiny_model import FLAVOURS, TinyModelError, validate_model_dir
+from .serve import DEFAULT_PARSER, ServeError, start_server
 
-#: ``--flavour real``: SmolLM2-135M-Instruct from its registry package (testing/real_model.py)
+#: ``--flavour real``: SmolLM2-135M-Instruct from its registry package (devtools/models/real_model.py)
 REAL = "real"
 
 
@@ -33,9 +33,9 @@ def _resolve_model(args: argparse.Namespace) -> Path:
         validate_model_dir(args.model_dir)
         return args.model_dir
     if args.flavour == REAL:
-        from ..testing.real_model import ensure_real_model
+        from .models.real_model import ensure_real_model
         return ensure_real_model(log=_log)
-    from ..testing.format_model import model_for_parser
+    from .models.format_model import model_for_parser
     return model_for_parser(args.flavour, args.seed, getattr(args, "parser", ""), log=_log)
 
 
@@ -92,7 +92,7 @@ def cmd_serve_tiny(args: argparse.Namespace) -> int:
 
 
 def cmd_build_model(args: argparse.Namespace) -> int:
-    from ..testing.tiny_model import build
+    from .models.tiny_model import build
     build(args.out, args.flavour, args.seed, args.steps, log=_log)
     print(args.out)
     return 0

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..testing.server import start_server
+from .serve import start_server
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 TEXT = {"type": "string"}

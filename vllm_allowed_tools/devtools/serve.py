@@ -29,8 +29,8 @@ from typing import IO, Any, Sequence
 from ..formats import wire_format, wire_formats
 from ..settings import Settings, process_environment
 from ..templates import template_path
-from .server_ledger import record_start
-from .tiny_model import positions_of, validate_model_dir, vllm_cache_dir
+from .models.tiny_model import positions_of, validate_model_dir, vllm_cache_dir
+from .serve_ledger import record_start
 
 DEFAULT_PARSER = "allowed_hermes"
 SERVED_MODEL_NAME = "tiny"

@@ -9,9 +9,10 @@ import time
 
 import httpx
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
+
 from ..calls import chat_selection, responses_selection
 from ..metrics import scrape_metric
-from ..tool_pool import POOL, POOL_BY_NAME
 from .report import Figures, mib
 from .wire import REQUEST_TIMEOUT, Observed, base_body, log, send_async
 
@@ -193,7 +194,7 @@ def rss_growth_problems(figures: Figures, max_growth_mib: float = 32.0,
     if not sizes["worker"]:
         return ["no worker process: the model and its KV cache run in the engine core (vLLM's "
                 "uni executor), whose growth cannot be told from the KV cache's; serve with "
-                "testing.server.SEPARATE_WORKER"]
+                "devtools.serve.SEPARATE_WORKER"]
     problems = [f"{key} grew {growth[key]} MiB (of {sizes[key]})"
                 for key in ("api_server", "engine_core", "other")
                 if growth[key] > max(max_growth_mib, max_ratio * sizes[key])]

@@ -11,9 +11,10 @@ from urllib.parse import urlparse
 
 import httpx
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
+
 from ..calls import chat_selection, responses_selection
 from ..metrics import scrape_metric
-from ..tool_pool import POOL
 from .report import Figures
 from .wire import PATHS, REQUEST_TIMEOUT, base_body, send_sync
 

@@ -8,10 +8,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ...request.rewrite import TEMPLATE_KWARG
-from ...wire import ALLOWLIST_KEY
+from vllm_allowed_tools.devtools.models.tool_pool import POOL
+from vllm_allowed_tools.request.rewrite import TEMPLATE_KWARG
+from vllm_allowed_tools.wire import ALLOWLIST_KEY
+
 from ..calls import chat_selection, responses_selection
-from ..tool_pool import POOL
 from .fuzz_custom import CUSTOM_FAULTS, CUSTOM_FORMATS, CUSTOM_TOOL_APIS, CustomName, custom_selector, custom_tool
 from .wire import MISSING, base_body
 

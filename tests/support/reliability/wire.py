@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from ...request import flat_name
+from vllm_allowed_tools.request import flat_name
 
 PATHS = {"chat": "/chat/completions", "responses": "/responses"}
 MISSING: Any = object()          # a field the request leaves out

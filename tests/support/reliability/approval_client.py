@@ -11,8 +11,9 @@ from typing import Any
 
 import httpx
 
+from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
+
 from ..calls import chat_selection, responses_selection
-from ..tool_pool import POOL_BY_NAME
 from .fuzz_cases import FUZZ_MAX_TOKENS
 from .wire import PATHS, base_body, error_of, read_payload
 

@@ -14,7 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
-from ..formats import wire_format
+from ...formats import wire_format
 from .tiny_model import MARKER_FILE, building, cache_lock, default_cache_dir, ensure_model
 
 #: formats served by another architecture than the Qwen2 tiny model: gpt-oss's harmony path is

@@ -8,7 +8,7 @@ import json
 import random
 from typing import Any, Iterator
 
-from ..templates.render import render_chat
+from ...templates.render import render_chat
 from .tool_pool import PoolTool
 
 USER_ASKS = ["Help me with this.", "Can you take care of it?", "Do the next step.", "Go ahead.",

@@ -13,7 +13,7 @@ inside its extension module (no download), and this module converts it to a ``to
 (byte-level BPE, merges recovered from the ranks as transformers' ``TikTokenConverter`` does), which
 vLLM needs for detokenization.
 
-Usage: ``python -m vllm_allowed_tools.testing.gpt_oss_model OUT [--seed N]``.
+Usage: ``python -m vllm_allowed_tools.devtools.models.gpt_oss_model OUT [--seed N]``.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def ensure_gpt_oss_tokenizer(cache_dir: Path | None = None, log=print) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.testing.gpt_oss_model",
+    parser = argparse.ArgumentParser(prog="python -m vllm_allowed_tools.devtools.models.gpt_oss_model",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, nargs="?", help="folder to write the model to "
                         "(default: the shared model cache)")

@@ -2,7 +2,7 @@
 built-in calls, every execution appended to a log file (one JSON line, written and synced before
 the tool answers), so tests assert on what really ran.
 
-    python -m vllm_allowed_tools.testing.mcp_server --port 8931 --log /tmp/exec.log [--name container]
+    python tests/support/mcp_server.py --port 8931 --log /tmp/exec.log [--name container]
 
 Named ``python``: one tool ``python`` (``code``), as vLLM's python built-in calls it. Named
 ``browser``: ``search``, ``open`` and ``find``, as vLLM's browser built-in calls them (each a choice

@@ -1,6 +1,6 @@
 """The test session's start ledger: each server started is one JSON line (what it served, how
 long it took to answer ``/health``), so the run can say what its starts cost and by which test
-(tests/conftest.py prints the summary)."""
+(tests/conftest.py prints the summary). Unset, as outside the test session, nothing is written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from .helper_settings import HelperSettings
+from .models.helper_settings import HelperSettings
 
 #: a JSON-lines file each started server is recorded in (the test session's start ledger:
 #: tests/conftest.py prints what the starts cost, by test group)

@@ -1,17 +1,19 @@
-"""The variables only the test helpers read (tiny models' cache and training, the start ledger),
-typed and documented like the plugin's own (:class:`..settings.EnvironmentSettings`) but kept out of
-the server's :class:`..settings.Settings`: a served plugin never reads them."""
+"""The variables the dev tools read (the models' cache and the tiny models' training, the start
+ledger): ``serve-tiny``, ``build-model`` and the demo build and cache their models by them, and the
+test session sets the ledger. Typed and documented like the plugin's own
+(:class:`...settings.EnvironmentSettings`) but kept out of the server's
+:class:`...settings.Settings`: a served plugin never reads them."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..settings import EnvironmentSettings, WholeNumber, env_field, process_environment
+from ...settings import EnvironmentSettings, WholeNumber, env_field, process_environment
 
 
 class HelperSettings(EnvironmentSettings):
-    """What the test helpers read of the environment."""
+    """What the dev tools (the model builders, the server starter) read of the environment."""
 
     server_ledger: Path | None = env_field("VLLM_ALLOWED_TOOLS_SERVER_LEDGER", (
         "Every server the helpers start is recorded in this JSON-lines file (the test session's "

@@ -11,11 +11,12 @@ from typing import Any
 
 import httpx
 
-from ...errors import AllowedToolsError
-from ...request import flat_name
-from ...request.custom_tools import read_custom_tools
-from ...request.rewrite import rewrite_request
-from ...wire import ALLOWLIST_KEY
+from vllm_allowed_tools.errors import AllowedToolsError
+from vllm_allowed_tools.request import flat_name
+from vllm_allowed_tools.request.custom_tools import read_custom_tools
+from vllm_allowed_tools.request.rewrite import rewrite_request
+from vllm_allowed_tools.wire import ALLOWLIST_KEY
+
 from ..metrics import scrape_metric
 from .fuzz_cases import Case, fuzz_cases
 from .report import Figures
