@@ -16,7 +16,7 @@ import argparse
 import time
 
 import xgrammar as xgr
-from constraint_stage import synthetic_tokenizer_info
+from grammar_inputs import synthetic_tokenizer_info
 from mcp_tools import mcp_catalog
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag

@@ -44,7 +44,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from constraint_stage import synthetic_tokenizer_info  # noqa: E402
+from grammar_inputs import synthetic_tokenizer_info  # noqa: E402
 from mcp_tools import _obj, mcp_catalog  # noqa: E402
 
 from vllm_allowed_tools.decode import argument_schemas  # noqa: E402
@@ -161,7 +161,7 @@ def xgrammar_arms(info: Any, lengths_in_grammar: bool, samples: int) -> dict[str
 def llguidance_arm(index: dict[str, int], samples: int) -> float:
     """A matcher for each allowed tool's full schema and its first mask (ms, median)."""
     import llguidance
-    from constraint_stage import greedy_encode
+    from grammar_inputs import greedy_encode
     from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
     vocab = sorted(index, key=index.get)
 

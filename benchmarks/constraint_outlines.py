@@ -20,9 +20,9 @@ import statistics
 import time
 from typing import Any
 
-from constraint_stage import (
-    _median_p90,
+from grammar_inputs import (
     greedy_encode,
+    median_p90,
     rich_functions,
     synthetic_tokenizer_info,
     tiny_tokenizer_info,
@@ -97,7 +97,7 @@ def _xgrammar(info, schema: dict[str, Any], tokens: list[int], rounds: int) -> d
             matcher.fill_next_token_bitmask(bitmask, 0)
             assert matcher.accept_token(token), "the benchmark answer must be admissible"
             steps.append(time.perf_counter() - start)
-    return {"build_s": statistics.median(builds), "per_token": _median_p90(steps, scale=1e6)}
+    return {"build_s": statistics.median(builds), "per_token": median_p90(steps, scale=1e6)}
 
 
 def _outlines(vocabulary, vocab_size: int, schema: dict[str, Any], tokens: list[int],
@@ -118,7 +118,7 @@ def _outlines(vocabulary, vocab_size: int, schema: dict[str, Any], tokens: list[
             guide.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())
             guide.advance(token, return_tokens=False)
             steps.append(time.perf_counter() - start)
-    return {"build_s": build_s, "per_token": _median_p90(steps, scale=1e6)}
+    return {"build_s": build_s, "per_token": median_p90(steps, scale=1e6)}
 
 
 def _child(conn, function, args) -> None:

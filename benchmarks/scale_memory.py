@@ -31,7 +31,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_report  # noqa: E402
-from constraint_stage import synthetic_tokenizer_info, tiny_tokenizer_info  # noqa: E402
+from grammar_inputs import synthetic_tokenizer_info, tiny_tokenizer_info  # noqa: E402
 from mcp_tools import mcp_catalog  # noqa: E402
 
 from vllm_allowed_tools import settings  # noqa: E402

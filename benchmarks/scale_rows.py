@@ -47,8 +47,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_report  # noqa: E402
-from constraint_stage import (  # noqa: E402  (benchmarks/ is a folder of scripts)
-    _answer,
+from constraint_stage import _answer  # noqa: E402  (benchmarks/ is a folder of scripts)
+from grammar_inputs import (  # noqa: E402
     greedy_encode,
     rich_functions,
     synthetic_tokenizer_info,
