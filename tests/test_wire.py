@@ -12,6 +12,7 @@ from vllm_allowed_tools.wire import (
     XARGS_GRAMMAR_KEYS,
     XARGS_KEYS,
     XARGS_MUST_CALL,
+    XARGS_REFUSED_TOKENS,
     WireAllowlist,
     no_function_wire,
     read_tool_choice,
@@ -114,5 +115,5 @@ def test_the_wire_allowlist_carries_its_version_and_server_recipients():
 
 
 def test_every_extra_args_key_is_ours_to_strip():
-    assert set(XARGS_KEYS) == {*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL}
+    assert set(XARGS_KEYS) == {*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL, XARGS_REFUSED_TOKENS}
     assert all(key.startswith("vllm_allowed_tools_") for key in XARGS_KEYS)

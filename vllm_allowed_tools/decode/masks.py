@@ -11,7 +11,9 @@ manager does for the native stage, and its matcher starts from the token the gat
 
 A row that must call (:mod:`.reasoning_hold`) may not stop while it reasons, and ends its reasoning
 while the budget still holds its call: on this stage with its grammar, on vLLM's native stage as a
-row without one (the native stage owns the grammar; this processor only holds the reasoning)."""
+row without one (the native stage owns the grammar; this processor only holds the reasoning). A
+row's refused tokens (:mod:`.refused_tokens`: stop tokens its parser reads as text) are refused at
+every step, on both stages, with or without a grammar here."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from typing import Any, Protocol
 from .compiled import CompiledGrammars
 from .cpu_mask import apply_on_cpu
 from .reasoning_hold import END_REASONING, next_step, refused_tokens
+from .refused_tokens import refusable
 from .stage import RequestGrammar
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,7 @@ class _Row:
     start: int = 0                     # where in ``output_ids`` the grammar started
     must_call: int | None = None       # a turn that must call: tokens kept for its shortest call
     max_tokens: int | None = None      # the request's budget (``SamplingParams.max_tokens``)
+    refused: tuple[int, ...] = ()      # never written, at any step (:mod:`.refused_tokens`)
 
 
 class MaskedBatch:
@@ -97,19 +101,25 @@ class MaskedBatch:
     # ------------------------------------------------------------------ batch changes
     def add(self, row: int, grammar: RequestGrammar | None, output_ids: Sequence[int],
             stop_token_ids: Sequence[int] = (), prompt_ids: Sequence[int] | None = None,
-            must_call: int | None = None, max_tokens: int | None = None) -> None:
+            must_call: int | None = None, max_tokens: int | None = None,
+            refused: Sequence[int] = ()) -> None:
         """A request enters ``row`` (replacing whatever was there); tokens it already produced
         (a resumed request) are replayed into the new matcher on the next :meth:`sync`, through
         the reasoning gate first when the prompt left reasoning open. ``must_call``: the row
         must call (the tokens its shortest call needs), held while it reasons, with or without a
-        grammar here (:mod:`.reasoning_hold`)."""
+        grammar here (:mod:`.reasoning_hold`). ``refused``: tokens the row never writes (with or
+        without a grammar here)."""
         self.rows.pop(row, None)
+        refused = refusable(refused, stop_token_ids, self.vocab_size)
         if grammar is None:
-            if must_call is not None and self.reasoning is not None \
-                    and not self.reasoning.ended_in_prompt(prompt_ids or ()):
-                self.rows[row] = _Row(matcher=None, output_ids=output_ids, reasoning=True,
-                                      stop_token_ids=tuple(stop_token_ids), prompt_ids=prompt_ids or (),
-                                      must_call=must_call, max_tokens=max_tokens)
+            held = must_call is not None and self.reasoning is not None \
+                and not self.reasoning.ended_in_prompt(prompt_ids or ())
+            if held or refused:
+                self.rows[row] = _Row(matcher=None, output_ids=output_ids, reasoning=held,
+                                      stop_token_ids=tuple(stop_token_ids),
+                                      prompt_ids=(prompt_ids or ()) if held else (),
+                                      must_call=must_call if held else None, max_tokens=max_tokens,
+                                      refused=refused)
             return
         try:
             matcher, envelope = self.grammars.matchers(grammar, stop_token_ids)
@@ -117,14 +127,14 @@ class MaskedBatch:
             logger.exception("vllm-allowed-tools: could not compile the request's grammar; the "
                              "request may only stop")
             self.rows[row] = _Row(matcher=None, output_ids=output_ids, failed=True,
-                                  stop_token_ids=tuple(stop_token_ids))
+                                  stop_token_ids=tuple(stop_token_ids), refused=refused)
             return
         reasoning = self.reasoning is not None and not self.reasoning.ended_in_prompt(prompt_ids or ())
         self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
                               stop_token_ids=tuple(stop_token_ids), envelope=envelope,
                               reasoning=reasoning, prompt_ids=(prompt_ids or ()) if reasoning else (),
                               grammar=grammar if envelope is not None and self.grammars.upgrade else None,
-                              must_call=must_call, max_tokens=max_tokens)
+                              must_call=must_call, max_tokens=max_tokens, refused=refused)
 
     def remove(self, row: int) -> None:
         self.rows.pop(row, None)
@@ -149,8 +159,9 @@ class MaskedBatch:
             output = state.output_ids
             if state.reasoning and not self._end_reasoning(state):
                 continue
-            if state.matcher is None and not state.failed:   # held only while it reasoned
-                del self.rows[row]
+            if state.matcher is None and not state.failed:   # no grammar here: held while it
+                if not state.refused:                         # reasoned, or refusing tokens
+                    del self.rows[row]
                 continue
             new = len(output) - state.consumed
             if new <= 0:
@@ -236,20 +247,23 @@ class MaskedBatch:
         return True
 
     def apply(self, logits: Any) -> Any:
-        """Mask each constrained row of ``logits`` ([rows, vocab]) in place."""
+        """Mask each constrained row of ``logits`` ([rows, vocab]) in place, then refuse each row's
+        refused tokens."""
         if not self.rows:
             return logits
         batch = logits.shape[0]
         masked = self.prepare(batch)
-        if not masked:
-            return logits
-        vocab = min(self.vocab_size, logits.shape[-1])
-        if logits.device.type == "cpu":
-            self._apply_on_cpu(logits, masked, vocab)
-        else:
-            import xgrammar as xgr
-            xgr.apply_token_bitmask_inplace(logits, self._bitmask[:batch].to(logits.device, non_blocking=True),
-                                            vocab_size=vocab, indices=masked)
+        if masked:
+            vocab = min(self.vocab_size, logits.shape[-1])
+            if logits.device.type == "cpu":
+                self._apply_on_cpu(logits, masked, vocab)
+            else:
+                import xgrammar as xgr
+                bitmask = self._bitmask[:batch].to(logits.device, non_blocking=True)
+                xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=masked)
+        for row, state in self.rows.items():
+            if state.refused and row < batch:
+                logits[row, list(state.refused)] = float("-inf")
         return logits
 
     def prepare(self, batch: int) -> list[int]:
@@ -263,6 +277,8 @@ class MaskedBatch:
                 if row < batch and state.must_call is not None:
                     self._hold(row, state)
                     masked.append(row)
+                continue
+            if state.matcher is None and not state.failed:   # refusing tokens only (apply)
                 continue
             if state.failed or state.matcher.is_terminated():
                 self._stop_only(row, state)

@@ -59,6 +59,12 @@ class GrammarSpec:
     #: tokens, ids of its fixed vocabulary): the grammar admits each only as that one token, never
     #: spelled in pieces (:mod:`vllm_allowed_tools.decode.marker_tokens`)
     marker_tokens: tuple[tuple[str, int], ...] = ()
+    #: (token, id) for stop tokens the format's parser reads as message text, not as an end: the
+    #: model never writes them under our parser (gpt-oss's generation config stops on
+    #: ``<|endoftext|>``, which the harmony parser takes into the message: a call's arguments
+    #: become ``{...}<|endoftext|>``); the logits processor refuses them on both constraint stages
+    #: (:mod:`vllm_allowed_tools.decode.refused_tokens`)
+    text_stop_tokens: tuple[tuple[str, int], ...] = ()
     #: ``json_array``: how a call is spelled, ``json`` (``{"name", <arguments_key>}`` objects) or
     #: ``pythonic`` (``[get_weather(city="Paris")]``, in required mode too)
     call_syntax: Literal["json", "pythonic"] = "json"
@@ -177,6 +183,8 @@ def format_from_data(data: Mapping[str, Any], source: str = "data") -> WireForma
         calls = tuple(CallShape(call["begin"], call["end"]) for call in grammar.pop("calls", ()))
         rename = tuple((old, new) for old, new in grammar.pop("rename", ()))
         markers = tuple((marker, int(token)) for marker, token in grammar.pop("marker_tokens", ()))
+        grammar["text_stop_tokens"] = tuple((text, int(token))
+                                            for text, token in grammar.pop("text_stop_tokens", ()))
         for key in ("auto_triggers", "auto_text_excludes", "string_excludes"):
             if key in grammar:
                 grammar[key] = tuple(grammar[key])

@@ -21,6 +21,10 @@ A turn that must call (``extra_args`` carries :data:`..wire.XARGS_MUST_CALL`, se
 the parser wrapper on either stage) is held while it reasons: no stop token, and reasoning ends while
 the budget holds the call. On the native stage such a row has no grammar here; this processor only
 holds its reasoning, and leaves the row once the reasoning ends.
+
+A turn whose parser reads some stop tokens as text (``extra_args`` carries
+:data:`..wire.XARGS_REFUSED_TOKENS`: gpt-oss's ``<|endoftext|>``) never writes them, on either stage
+(``decode/refused_tokens.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDi
 
 from ..decode.masks import CompiledGrammars, MaskedBatch, ReasoningGate
 from ..decode.reasoning_hold import read_must_call
+from ..decode.refused_tokens import read_refused_tokens
 from ..decode.stage import ConstraintArgsError, read_extra_args
 
 try:  # vLLM 0.32: engine-based reasoning parsers (qwen3, ...) say which end token is content
@@ -143,6 +148,7 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
         try:
             read_extra_args(sampling_params.extra_args)
             read_must_call(sampling_params.extra_args)
+            read_refused_tokens(sampling_params.extra_args)
         except ConstraintArgsError as error:
             raise ValueError(str(error)) from None
 
@@ -179,12 +185,13 @@ class AllowedToolsLogitsProcessor(LogitsProcessor, V2LogitsProcessor):
                 grammar = (read_extra_args(params.extra_args, verify=False)   # checked at admission
                            if params is not None else None)
                 must_call = read_must_call(params.extra_args) if params is not None else None
-                if grammar is None and self._batch is None and \
+                refused = read_refused_tokens(params.extra_args) if params is not None else ()
+                if grammar is None and self._batch is None and not refused and \
                         (must_call is None or not self._holds_reasoning()):
                     continue
                 stops = sorted(getattr(params, "all_stop_token_ids", None) or ())
                 self._masked_batch().add(row, grammar, output_ids, stops, prompt_ids, must_call=must_call,
-                                         max_tokens=getattr(params, "max_tokens", None))
+                                         max_tokens=getattr(params, "max_tokens", None), refused=refused)
             for source, target, direction in batch_update.moved:
                 if self._batch is not None:
                     self._batch.move(source, target, direction == MoveDirectionality.SWAP)

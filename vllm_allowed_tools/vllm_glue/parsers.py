@@ -35,7 +35,7 @@ from .stream_calls import ReleasedStream, UnaryStream, call_start, with_calls
 from .turn_grammar import (
     function_tools,
     hand_grammar_to_logits_processor,
-    mark_must_call,
+    mark_turn,
     plain_request_tag,
     preambles_within_budget,
     request_subset_tag,
@@ -120,7 +120,7 @@ class AllowedToolsMixin:
         allowlist = request_allowlist(request)
         if allowlist is None:
             request = super().adjust_request(request)
-            mark_must_call(request, None, getattr(self, "model_tokenizer", None))
+            mark_turn(request, None, getattr(self, "model_tokenizer", None), self.allowed_tools_base_parser)
             return request
         # The base parser, run on a copy that holds only the allowed tools, gives its own grammar
         # for the subset (JSON-schema parsers) and its other side effects (e.g. keeping special
@@ -142,7 +142,7 @@ class AllowedToolsMixin:
             request.skip_special_tokens = False
         if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
             hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
-        mark_must_call(request, allowlist, getattr(self, "model_tokenizer", None))
+        mark_turn(request, allowlist, getattr(self, "model_tokenizer", None), self.allowed_tools_base_parser)
         return request
 
     def _ensure_call_array(self, request, allowlist: WireAllowlist):

@@ -14,9 +14,18 @@ from typing import Any
 from ..decode.argument_schemas import every_tool_held, held_to_schema
 from ..decode.grammar import AllowedFunction, BuiltTag, build_structural_tag, built, tag_digest, turn_tag
 from ..decode.split import split_for_request
+from ..formats import wire_format as format_named
 from ..request.custom_tools import input_grammar
 from ..settings import current
-from ..wire import XARGS_DIGEST, XARGS_MUST_CALL, XARGS_TAG, ToolChoice, WireAllowlist, tool_choice_of
+from ..wire import (
+    XARGS_DIGEST,
+    XARGS_MUST_CALL,
+    XARGS_REFUSED_TOKENS,
+    XARGS_TAG,
+    ToolChoice,
+    WireAllowlist,
+    tool_choice_of,
+)
 from .capabilities import json_schema_stays_native
 
 logger = logging.getLogger(__name__)
@@ -192,6 +201,17 @@ def call_reserve(request, tokenizer) -> int | None:
         return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None \
             else len(text) // 2 + 1
     return reserve_tokens(pieces, count)
+
+
+def mark_turn(request, allowlist: WireAllowlist | None, tokenizer, wire_format: str) -> None:
+    """What the logits processor holds a tool-bearing turn to beyond its grammar (both stages):
+    a turn that must call, its reserve (:func:`mark_must_call`); on a format whose parser reads
+    some stop tokens as text (gpt-oss's ``<|endoftext|>``), those tokens, never written
+    (:mod:`..decode.refused_tokens`: a call would end with them in its arguments)."""
+    mark_must_call(request, allowlist, tokenizer)
+    refused = [token for _, token in format_named(wire_format).grammar.text_stop_tokens]
+    if refused and getattr(request, "tools", None):
+        request.vllm_xargs = {**(request.vllm_xargs or {}), XARGS_REFUSED_TOKENS: refused}
 
 
 def mark_must_call(request, allowlist: WireAllowlist | None, tokenizer) -> None:

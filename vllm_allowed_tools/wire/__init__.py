@@ -7,10 +7,10 @@ agree on this package and nothing else:
 * the turn's allowlist rides in the request body under :data:`ALLOWLIST_KEY`
   (:func:`allowlist_to_wire`), where vLLM keeps it in ``request.model_extra`` and our parser
   wrappers read it back as a :class:`WireAllowlist` (:mod:`.allowlist`);
-* the parser wrappers put the turn's grammar and a must-call turn's reserve into ``vllm_xargs``
-  under :data:`XARGS_KEYS` (:mod:`.xargs`); vLLM hands them to the engine process as
-  ``SamplingParams.extra_args``, where our logits processor reads them (``decode/stage.py``,
-  ``decode/reasoning_hold.py``);
+* the parser wrappers put the turn's grammar, a must-call turn's reserve and the stop tokens its
+  parser reads as text into ``vllm_xargs`` under :data:`XARGS_KEYS` (:mod:`.xargs`); vLLM hands
+  them to the engine process as ``SamplingParams.extra_args``, where our logits processor reads
+  them (``decode/stage.py``, ``decode/reasoning_hold.py``, ``decode/refused_tokens.py``);
 * the client's ``tool_choice`` is read once, for both APIs and every tool type, into a
   :class:`ToolChoice` with the one set of 400s its shape makes (:mod:`.tool_choice`): the request
   path, the server-side tools and the vLLM-side grammar all read it so (``tests/test_code_shape.py``
@@ -56,6 +56,7 @@ from .xargs import (
     XARGS_GRAMMAR_KEYS,
     XARGS_KEYS,
     XARGS_MUST_CALL,
+    XARGS_REFUSED_TOKENS,
     XARGS_SPLIT_KEYS,
     XARGS_TAG,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "XARGS_GRAMMAR_KEYS",
     "XARGS_KEYS",
     "XARGS_MUST_CALL",
+    "XARGS_REFUSED_TOKENS",
     "XARGS_SPLIT_KEYS",
     "XARGS_TAG",
     "AllowedToolsChoice",

@@ -18,5 +18,8 @@ XARGS_SPLIT_KEYS = (XARGS_CATALOG, XARGS_CATALOG_DIGEST, XARGS_ENVELOPE, XARGS_E
 XARGS_GRAMMAR_KEYS = (XARGS_TAG, XARGS_DIGEST, *XARGS_SPLIT_KEYS)
 #: ``extra_args`` key of a turn that must call: the tokens to keep for its shortest call
 XARGS_MUST_CALL = "vllm_allowed_tools_must_call"
+#: ``extra_args`` key of a turn whose parser reads some stop tokens as text: those token ids, which
+#: the model may never write (on either constraint stage)
+XARGS_REFUSED_TOKENS = "vllm_allowed_tools_refused_tokens"
 #: every ``extra_args`` key of ours: set by the parser wrapper only, never by a client
-XARGS_KEYS = (*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL)
+XARGS_KEYS = (*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL, XARGS_REFUSED_TOKENS)
