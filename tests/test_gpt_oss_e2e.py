@@ -124,6 +124,21 @@ def test_required_gives_one_allowed_schema_valid_call(request, server, api, stre
     assert POOL_BY_NAME[reply.calls[0][0]].arguments_valid(reply.calls[0][1]), reply.calls
 
 
+def test_without_the_nudges_a_call_ends_on_a_stop_token_the_parser_reads(request, server):
+    """No ``logit_bias``: the random model ends a call with whichever stop token the grammar admits
+    after its arguments. gpt-oss's generation config stops on ``<|endoftext|>`` too, which vLLM's
+    HarmonyParser reads as argument text (``{...}<|endoftext|>``): on these seeds every endpoint,
+    unary and streamed, on both stages, ended in a 500 ``arguments_not_object``. The token is
+    refused (tests/test_harmony_stop_tokens.py), so each turn calls with JSON arguments."""
+    cases = [("chat", False, 0), ("responses", True, 11), ("chat", True, 3), ("responses", False, 4)]
+    for api, stream, seed in cases[:2] if "native" in request.node.callspec.id else cases:
+        catalog, subset = catalog_and_subset(seed)
+        fetch = chat_calls if api == "chat" else responses_calls
+        reply = fetch(server.client(), catalog, "required", subset, seed, stream=stream, max_tokens=200)
+        assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (api, stream, seed, reply)
+        assert POOL_BY_NAME[reply.calls[0][0]].arguments_valid(reply.calls[0][1]), (seed, reply.calls)
+
+
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_auto_never_calls_outside_the_subset(server, api):
     fetch = chat_calls if api == "chat" else responses_calls
