@@ -786,6 +786,8 @@ def test_chat_auto_never_calls_a_gated_tool(server, tool_choice, stream):
     if not (isinstance(tool_choice, dict) and tool_choice["allowed_tools"]["tools"][0]["function"]["name"]
             == GATED):
         assert called.count(FREE) >= 2, called   # calls were made: the rule was tested, not idle
+    else:   # the one tool allowed needs approval: pushed onto the trigger, still no call at all
+        assert called == [], called
 
 
 def _trigger_bias(server) -> dict[str, int]:

@@ -4,10 +4,11 @@ launch), on a tiny gpt-oss model built offline (devtools/models/gpt_oss_model.py
 architecture, attention sinks and MoE included, random weights; vLLM's CPU build serves it).
 
 The contract suite of the hermes path, on both endpoints: ``required`` gives only allowed calls (one
-with ``parallel_tool_calls: false``), unary and streamed; ``auto`` never a disallowed call; Responses
-namespaces; invalid selections are a 400 naming the field; the per-turn policy is a trailing
-developer message after the whole history, so the history is a shared token prefix across subsets
-and turns; a gated tool elicits an approval instead of a call, and an accept releases it.
+with ``parallel_tool_calls: false``), unary and streamed; ``auto`` never a disallowed call (and some
+calls: a floor); Responses namespaces; invalid selections are a 400 naming the field; the per-turn
+policy is a trailing developer message after the whole history, so the history is a shared token
+prefix across subsets and turns; a gated tool elicits an approval instead of a call, and an accept
+releases it.
 """
 
 from __future__ import annotations
@@ -141,12 +142,18 @@ def test_without_the_nudges_a_call_ends_on_a_stop_token_the_parser_reads(request
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_auto_never_calls_outside_the_subset(server, api):
+    """Left alone (harmony's markers written as one token, nothing pushed), auto calls only allowed
+    tools, and the model does call: a floor (measured: seeds 1 and 2 call, on both stages and both
+    APIs; 3 of seeds 0-7), so the test cannot pass on answers without a call."""
     fetch = chat_calls if api == "chat" else responses_calls
+    called = 0
     for seed in range(3):
         catalog, subset = catalog_and_subset(seed)
         reply = fetch(server.client(), catalog, "auto", subset, seed, max_tokens=120,
                       extra_body=nudges())
         assert all(call[0] in subset for call in reply.calls), (seed, reply.calls, subset)
+        called += len(reply.calls)
+    assert called >= 1, (api, called, server.log_tail(30))
 
 
 def test_namespaced_responses_tools_are_refused_by_the_harmony_path_naming_tools(server):

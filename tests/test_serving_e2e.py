@@ -87,6 +87,11 @@ def test_unary_and_streaming_produce_the_same_calls(random_server):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 def test_auto_mode_never_calls_outside_subset_random(random_server, stream):
+    """The random model left alone (nothing pushed) in auto turns: never a call outside the subset,
+    and text-only answers stay possible. It opens no call here (measured: none in the 24 turns of
+    both cases; its next token is near uniform, ``<tool_call>`` about 0.08% a step), so the floor on
+    hermes auto calls is held by the tool-happy model's test below and the trigger-pushed one in
+    tests/test_approvals_blackbox_e2e.py."""
     client = random_server.client()
     text_only = 0
     for seed in SEEDS:

@@ -45,6 +45,28 @@ def nudges(family: str) -> dict[str, float]:
     return _NUDGES[family]
 
 
+#: the formats whose random model, left alone in an auto turn (``nudges`` only, nothing pushed),
+#: opens calls its parser reads: the auto trigger is one of the markers ``nudges`` writes as its one
+#: token. An unpushed auto test holds a floor on the calls it sees there (``unpushed_floor``).
+#: Measured with those tests' requests, seeds 0-7 (both stages where served): a call on every seed.
+#: Elsewhere only the pushed test (``assert_auto_pushed_calls_only_allowed``) can hold one:
+#:
+#: * no marker opens an auto call (hermes, qwen3_coder, llama3_json, pythonic, llama4_pythonic,
+#:   granite4, seed_oss, phi4_mini_json, xlam, longcat): no call in 8 to 12 seeds (granite4,
+#:   phi4_mini_json: one); the random model's next token is near uniform (a one-token trigger
+#:   about 0.08% a step);
+#: * DeepSeek V3 and V3.1 open a call on most seeds, but after free text holding other DeepSeek
+#:   markers, and the served parser then reads no call (vLLM's DeepSeek pattern matches from a
+#:   stray ``<｜tool▁call▁begin｜>``): 1 and 2 calls in 8 seeds.
+CALLS_UNPUSHED = frozenset({"kimi_k2", "glm47", "minimax_m2", "granite", "mistral"})
+
+
+def unpushed_floor(family: str) -> int:
+    """The fewest calls an unpushed auto test must see on ``family``'s server over its seeds: one
+    where the model calls on its own (``CALLS_UNPUSHED``: it called on every seed), else none."""
+    return 1 if family in CALLS_UNPUSHED else 0
+
+
 def chat_request(family: str, catalog, mode: str, subset, seed: int, bias: dict | None = None) -> dict:
     return dict(model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
                 tools=[tool.chat_tool() for tool in catalog], tool_choice=chat_selection(mode, subset),
