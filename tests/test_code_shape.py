@@ -1,6 +1,6 @@
 """The package's shape, checked: a reader finds each role in one folder, and no part outgrows what a
 reader can hold (the limits docs/architecture.md's layout section states). And the tests' own: no
-test module imports another (what they share is in tests/support/)."""
+test module imports another (what they share is in tests/support/), and every test checks something."""
 from __future__ import annotations
 
 import ast
@@ -165,6 +165,103 @@ def test_the_test_import_scan_finds_every_kind_of_import() -> None:
               "from support import servers\n")
     assert _test_module_imports(source) == ["1: test_a", "2: test_b", "3: test_c", "4: conftest",
                                             "6: test_d", "8: conftest"]
+
+
+#: pytest's own checks, which a test may make instead of an ``assert`` (``pytest.raises(...)``, ...)
+_PYTEST_CHECKS = frozenset({"raises", "warns", "deprecated_call", "fail", "skip", "xfail", "importorskip"})
+
+
+def _checks_itself(function: ast.AST) -> bool:
+    """Whether ``function`` (its nested functions too) asserts, calls one of pytest's checks, or
+    calls something named ``assert*`` (a mock's ``assert_called_once``, a helper of the package)."""
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assert):
+            return True
+        if isinstance(node, ast.Call):
+            name = getattr(node.func, "attr", getattr(node.func, "id", ""))
+            if name.startswith("assert") or (name in _PYTEST_CHECKS and isinstance(node.func, ast.Attribute)
+                                             and getattr(node.func.value, "id", None) == "pytest"):
+                return True
+    return False
+
+
+def _names_in_scope(module: str, tree: ast.Module, modules: set[str]) -> tuple[dict, dict]:
+    """A module's functions and the ones it imports from the other ``modules`` (name: (module,
+    function)), and the modules it imports whole (name: module)."""
+    functions, whole = {}, {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[node.name] = (module, node.name)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in modules:
+                    whole[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+                elif node.module in modules:
+                    functions[alias.asname or alias.name] = (node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            whole.update({alias.asname: alias.name for alias in node.names
+                          if alias.asname and alias.name in modules})
+    return functions, whole
+
+
+def _tests_that_check_nothing(sources: dict[str, str]) -> list[str]:
+    """``module:line name`` of each ``test*`` function of the ``test_*`` modules in ``sources``
+    (module name: source; tests/support/'s helpers among them) that checks nothing: no check of its
+    own (``_checks_itself``), and no use of a function of ``sources`` that checks, itself or through
+    the functions it uses."""
+    trees = {module: ast.parse(source) for module, source in sources.items()}
+    uses, checking, tests = {}, set(), []
+    for module, tree in trees.items():
+        functions, whole = _names_in_scope(module, tree, set(trees))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            key = (module, node.name, node.lineno)
+            uses[key] = {functions[n.id] for n in ast.walk(node)
+                         if isinstance(n, ast.Name) and n.id in functions}
+            uses[key] |= {(whole[n.value.id], n.attr) for n in ast.walk(node)
+                          if isinstance(n, ast.Attribute) and getattr(n.value, "id", None) in whole}
+            if _checks_itself(node):
+                checking.add(key[:2])
+            if module.startswith("test_") and node.name.startswith("test"):
+                tests.append(key)
+    grown = True
+    while grown:
+        before = len(checking)
+        checking |= {key[:2] for key, used in uses.items() if used & checking}
+        grown = len(checking) > before
+    return [f"{module}:{line} {name}" for module, name, line in tests if (module, name) not in checking]
+
+
+def test_every_test_checks_something() -> None:
+    """A test whose body asserts nothing (no ``assert``, no ``pytest.raises``, no helper that
+    asserts) passes whatever the code does: it only shows that what it ran did not raise."""
+    tests = Path(__file__).resolve().parent
+    sources = {".".join(path.relative_to(tests).with_suffix("").parts): path.read_text()
+               for path in sorted([*tests.glob("test_*.py"), *(tests / "support").rglob("*.py")])}
+    idle = _tests_that_check_nothing(sources)
+    assert not idle, f"test functions that check nothing (assert what the feature must give): {idle}"
+
+
+def test_the_check_scan_follows_helpers_through_support() -> None:
+    sources = {
+        "support.helpers": ("def check(x):\n    assert x\ndef wrap(x):\n    check(x)\n"
+                            "def idle(x):\n    return x\n"),
+        "test_a": ("import pytest\nfrom support.helpers import wrap, idle\nfrom support import helpers\n"
+                   "def test_asserts():\n    assert 1\n"                                   # 4
+                   "def test_through_a_helper():\n    wrap(1)\n"                            # 6
+                   "def test_through_the_module():\n    helpers.check(1)\n"                 # 8
+                   "def test_raises():\n    with pytest.raises(ValueError):\n        int('x')\n"
+                   "def test_mock(m):\n    m.assert_called_once()\n"                       # 13
+                   "def local():\n    assert 2\n"
+                   "def test_local():\n    local()\n"                                      # 17
+                   "def test_idle():\n    idle(1)\n"                                      # 19
+                   "def test_hands_a_helper_on():\n    list(map(wrap, [1]))\n"             # 21
+                   "class TestThing:\n    def test_method(self):\n        helpers.idle(1)\n"),
+        "support.other": "def test_like_but_a_helper():\n    pass\n",
+    }
+    assert _tests_that_check_nothing(sources) == ["test_a:19 test_idle", "test_a:24 test_method"]
+
 
 def test_the_wire_package_sits_at_the_bottom() -> None:
     """wire/ is what the API-server process and the engine agree on: it imports nothing from the role

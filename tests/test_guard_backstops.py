@@ -251,8 +251,8 @@ def test_unary_responses_cut_by_the_token_limit_stays_incomplete():
                                   policy("responses", "required"),
                                   contract=contract("responses", "required")) is False
     recorded = load("responses_unary_parallel")["body"]   # vLLM's own: required, cut, no call
-    check_responses_object(recorded, policy("responses", "required"),
-                           contract=contract("responses", "required"))
+    assert passed(check_responses_object, recorded, policy("responses", "required"),
+                  contract=contract("responses", "required")) == load("responses_unary_parallel")["body"]
 
 
 @pytest.mark.parametrize("choice", ["auto", "allowed_auto"])
@@ -287,7 +287,9 @@ def test_unary_responses_arguments_that_are_not_an_object_are_refused(arguments)
 
 def test_unary_chat_cut_inside_its_last_call_stays_length_but_an_earlier_bad_call_is_refused():
     cut = chat_completion([(WEATHER.name, GOOD), (WEATHER.name, '{"pri')], "length")
-    check_chat_completion(cut, policy("chat", "required"), contract=contract("chat", "required"))
+    assert passed(check_chat_completion, cut, policy("chat", "required"),
+                  contract=contract("chat", "required")) == \
+        chat_completion([(WEATHER.name, GOOD), (WEATHER.name, '{"pri')], "length")
     earlier = chat_completion([(WEATHER.name, '{"pri'), (WEATHER.name, GOOD)], "length")
     assert refused(check_chat_completion, earlier, policy("chat"),
                    contract=contract("chat")).reason == "arguments_not_object"
@@ -330,12 +332,13 @@ def test_unary_strict_arguments_must_validate(api):
     if api == "chat":
         violation = refused(check_chat_completion, chat_completion([(WEATHER.name, INVALID)]),
                             policy(api), contract=strict)
-        check_chat_completion(chat_completion([(WEATHER.name, GOOD)]), policy(api), contract=strict)
+        assert passed(check_chat_completion, chat_completion([(WEATHER.name, GOOD)]), policy(api),
+                      contract=strict) == chat_completion([(WEATHER.name, GOOD)])
     else:
         violation = refused(check_responses_object, responses_object([fcall(WEATHER.name, INVALID)]),
                             policy(api), contract=strict)
-        check_responses_object(responses_object([fcall(WEATHER.name, GOOD)]), policy(api),
-                               contract=strict)
+        assert passed(check_responses_object, responses_object([fcall(WEATHER.name, GOOD)]), policy(api),
+                      contract=strict) == responses_object([fcall(WEATHER.name, GOOD)])
     assert violation.reason == "strict_arguments_invalid"
     assert "$.priority" in violation.message and "parameters schema" in violation.message
     assert counted(before, "strict_arguments_invalid") == 1
@@ -345,12 +348,13 @@ def test_unary_strict_arguments_must_validate(api):
 def test_non_strict_arguments_need_only_be_an_object_unless_the_level_is_parameter(api):
     loose, every = contract(api, strict=False), contract(api, strict=False, strict_all=True)
     if api == "chat":
-        check_chat_completion(chat_completion([(WEATHER.name, INVALID)]), policy(api), contract=loose)
+        assert passed(check_chat_completion, chat_completion([(WEATHER.name, INVALID)]), policy(api),
+                      contract=loose) == chat_completion([(WEATHER.name, INVALID)])
         assert refused(check_chat_completion, chat_completion([(WEATHER.name, INVALID)]),
                        policy(api), contract=every).reason == "strict_arguments_invalid"
     else:
-        check_responses_object(responses_object([fcall(WEATHER.name, INVALID)]), policy(api),
-                               contract=loose)
+        assert passed(check_responses_object, responses_object([fcall(WEATHER.name, INVALID)]),
+                      policy(api), contract=loose) == responses_object([fcall(WEATHER.name, INVALID)])
         assert refused(check_responses_object, responses_object([fcall(WEATHER.name, INVALID)]),
                        policy(api), contract=every).reason == "strict_arguments_invalid"
 
@@ -851,7 +855,8 @@ def test_chat_approvals_filter_with_a_required_turn():
     made = OutputContract.for_turn(turn)
     gated_blocked = ChatCallFilter(AllowedNames.from_request(request, "chat"), frozenset({GATED}))
     free_args = json.dumps({"day": "monday", "path": "readme"})
-    check_chat_completion(chat_completion([(FREE, free_args)]), gated_blocked, contract=made)
+    assert passed(check_chat_completion, chat_completion([(FREE, free_args)]), gated_blocked,
+                  contract=made) == chat_completion([(FREE, free_args)])
     blocked = refused(check_chat_completion, chat_completion([(GATED, GATED_ARGS)]), gated_blocked,
                       contract=made)
     assert blocked.reason is None and "needs approval" in blocked.message   # the filter's refusal
