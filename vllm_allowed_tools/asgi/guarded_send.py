@@ -288,7 +288,7 @@ class GuardedSend:
             changed = check_responses_object(data, self._call_filter, contract=self._contract)
         else:
             restore_completion(data, self._custom_names)   # judged as the client gets it
-            check_chat_completion(data, self._call_filter, contract=self._contract)
+            changed = check_chat_completion(data, self._call_filter, contract=self._contract)
         if self._approvals is not None:
             calls = [item for item in data.get("output") or ()
                      if isinstance(item, dict)

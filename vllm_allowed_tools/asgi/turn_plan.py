@@ -177,7 +177,17 @@ def output_contract(rewritten: Rewritten, body: dict, api: Api, *, strict_all: b
         except AllowedToolsError:
             turn = None
     grammars = read_custom_tools(body.get("tools"), api).grammars   # compiled when rewritten
-    return OutputContract.for_turn(turn, strict_all=strict_all, custom_grammars=grammars)
+    return OutputContract.for_turn(turn, strict_all=strict_all, custom_grammars=grammars,
+                                   max_tokens=_output_limit(body) if api == "chat" else None)
+
+
+def _output_limit(body: dict) -> int | None:
+    """The Chat request's output limit (``max_completion_tokens``, else ``max_tokens``)."""
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def _refuse_unguardable_fields(body: dict, api: Api, *, approvals: bool, render: bool) -> None:

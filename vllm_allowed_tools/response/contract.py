@@ -51,35 +51,40 @@ class OutputContract:
     ``requirement``: why the turn must call (None: it need not); ``check_arguments``: a function
     call's arguments must be one JSON object; ``turn``: the catalog whose ``strict`` tools are
     validated; ``strict_all``: the server runs with ``--tool-strict-level parameter`` (every
-    function tool is strict). The server always builds one with :meth:`for_turn`; a guard built
-    without one judges names only (:data:`NAMES_ONLY`)."""
+    function tool is strict); ``max_tokens``: the output limit the request set (Chat), by which
+    an answer vLLM reports as ``tool_calls`` is known to be cut. The server always builds one with
+    :meth:`for_turn`; a guard built without one judges names only (:data:`NAMES_ONLY`)."""
 
-    __slots__ = ("check_arguments", "custom_grammars", "requirement", "strict_all", "turn")
+    __slots__ = ("check_arguments", "custom_grammars", "max_tokens", "requirement", "strict_all",
+                 "turn")
 
     def __init__(self, *, requirement: str | None = None, check_arguments: bool = True,
                  turn: TurnAllowlist | None = None, strict_all: bool = False,
-                 custom_grammars: Mapping[str, Any] | None = None) -> None:
+                 custom_grammars: Mapping[str, Any] | None = None,
+                 max_tokens: int | None = None) -> None:
         self.requirement = requirement
         self.check_arguments = check_arguments
         self.turn = turn
         self.strict_all = strict_all
         self.custom_grammars = custom_grammars or {}
+        self.max_tokens = max_tokens
 
     @classmethod
     def for_turn(cls, turn: TurnAllowlist | None, *, strict_all: bool = False,
-                 custom_grammars: Mapping[str, Any] | None = None) -> OutputContract:
+                 custom_grammars: Mapping[str, Any] | None = None,
+                 max_tokens: int | None = None) -> OutputContract:
         """Every backstop for a resolved turn (its allowlist, or for a plain request the catalog
         :func:`~..request.resolve_callable_catalog` reads; None: no function catalog, so no call
         is required and no tool is strict, but arguments are still checked). ``custom_grammars``:
         the request's grammar custom tools by name (:mod:`~..request.custom_tools`)."""
         return cls(requirement=_requirement(turn), turn=turn, strict_all=strict_all,
-                   custom_grammars=custom_grammars)
+                   custom_grammars=custom_grammars, max_tokens=max_tokens)
 
     def satisfied_by_any_call(self) -> OutputContract:
         """This contract with no call required (a server-side call satisfies the turn too)."""
         return OutputContract(requirement=None, check_arguments=self.check_arguments,
                               turn=self.turn, strict_all=self.strict_all,
-                              custom_grammars=self.custom_grammars)
+                              custom_grammars=self.custom_grammars, max_tokens=self.max_tokens)
 
     def input_refusal(self, name: str | None, text: Any) -> ArgumentsRefusal | None:
         """Why a custom call's (complete) ``input`` may not go out, None when it may: the tool

@@ -136,13 +136,44 @@ def chat_choice_violation(choice: Mapping[str, Any], call_filter: CallFilter, so
     return None
 
 
+def mark_cut_choice(body: Any, contract: OutputContract = NAMES_ONLY) -> bool:
+    """A one-choice completion vLLM reports as ``tool_calls`` although the request's output limit
+    cut its last call (vLLM's unary Chat says ``tool_calls`` whenever an auto turn holds a call;
+    its stream and the Responses API say ``length``/``incomplete`` for the same generation):
+    marked ``finish_reason: "length"`` in place, as OpenAI reports a cut; True when it was."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    usage = body.get("usage") if isinstance(body, dict) else None
+    used = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
+    if contract.max_tokens is None or not isinstance(used, int) or used < contract.max_tokens \
+            or not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return False
+    choice = choices[0]
+    message = choice.get("message")
+    calls = _chat_calls(message) if choice.get("finish_reason") == "tool_calls" \
+        and isinstance(message, Mapping) else []
+    if not calls:
+        return False
+    kind, name, arguments = calls[-1]
+    unfinished = contract.input_refusal(name, arguments) is not None if kind == "custom" else \
+        _not_an_object(arguments)
+    if unfinished:
+        choice["finish_reason"] = "length"
+    return unfinished
+
+
+def _not_an_object(arguments: Any) -> bool:
+    refused = OutputContract().arguments_refusal(None, arguments)
+    return refused is not None and refused.reason == ARGUMENTS_NOT_OBJECT
+
+
 def check_chat_completion(body: Mapping[str, Any], call_filter: CallFilter, *,
                           source: str = "unary_guard",
-                          contract: OutputContract = NAMES_ONLY) -> None:
+                          contract: OutputContract = NAMES_ONLY) -> bool:
     """Raise :class:`AllowedToolsViolation` if any ``choices[].message`` calls a refused tool
     (``tool_calls[].function.name`` / ``.custom.name``, and the legacy ``function_call.name``), a
     function call's arguments or a custom call's input are refused, or a choice has no call where
-    ``contract`` requires one."""
+    ``contract`` requires one. True when the body was changed (:func:`mark_cut_choice`)."""
+    changed = mark_cut_choice(body, contract)
     choices = body.get("choices") if isinstance(body, Mapping) else None
     choices = [choice for choice in (choices if isinstance(choices, list) else ())
                if isinstance(choice, Mapping)]
@@ -152,3 +183,4 @@ def check_chat_completion(body: Mapping[str, Any], call_filter: CallFilter, *,
             _raise(violation, source)
     if not choices and contract.requires_call():   # no choice at all: no call either
         _raise(required_violation(contract.requirement or "", source), source)
+    return changed
