@@ -27,7 +27,7 @@ from my_grants import GrantView, MyGrants, NotYourGrant  # noqa: E402
 from tool_rule import must_call, tools_asked_for  # noqa: E402
 from turn_notes import released_by, turn_note  # noqa: E402
 
-from vllm_allowed_tools.approvals.wire import session_of  # noqa: E402
+from vllm_allowed_tools.approvals.response_bodies import session_of  # noqa: E402
 
 POLICY = ApprovalOptions(load_policy(EXAMPLE / "policy.toml"))
 

@@ -16,7 +16,7 @@ import pytest
 
 from vllm_allowed_tools.approvals import ApprovalPolicy, open_engine
 from vllm_allowed_tools.approvals.stream import ApprovalStream
-from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.approvals.response_bodies import ResponseApprovals
 from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import resolve_allowlist
 from vllm_allowed_tools.response import ResponsesStream, ResponsesStreamGuard, run_sync

@@ -18,7 +18,7 @@ from support.guard import send_plan
 
 from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, GrantStoreUnavailable, \
     open_engine
-from vllm_allowed_tools.approvals.wire import ResponseApprovals, prepare_request
+from vllm_allowed_tools.approvals.response_bodies import ResponseApprovals, prepare_request
 from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
 from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import resolve_allowlist

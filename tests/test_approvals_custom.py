@@ -20,7 +20,7 @@ from vllm_allowed_tools.approvals.chat import CODE_TOOL_NEEDS_APPROVAL, ChatCall
 from vllm_allowed_tools.approvals.digests import definition_digest, input_digest
 from vllm_allowed_tools.approvals.store.sql import SCHEMA, SCHEMA_VERSION
 from vllm_allowed_tools.approvals.stream import ApprovalStream
-from vllm_allowed_tools.approvals.wire import ResponseApprovals, direct_events, direct_response, \
+from vllm_allowed_tools.approvals.response_bodies import ResponseApprovals, direct_events, direct_response, \
     prepare_request
 from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import FunctionSpec, TurnAllowlist, resolve_allowlist

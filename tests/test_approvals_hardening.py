@@ -32,7 +32,7 @@ from vllm_allowed_tools.approvals import (
 from vllm_allowed_tools.approvals import cli as approvals_cli
 from vllm_allowed_tools.approvals.hints import check_hints
 from vllm_allowed_tools.approvals.store.sql import SCHEMA_VERSION
-from vllm_allowed_tools.approvals.wire import ResponseApprovals, principal_from_headers
+from vllm_allowed_tools.approvals.response_bodies import ResponseApprovals, principal_from_headers
 from vllm_allowed_tools.request import ToolIdentity, resolve_allowlist
 
 _SEND = {"type": "function", "name": "send_email", "description": "Send an email.",

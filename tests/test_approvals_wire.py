@@ -8,7 +8,7 @@ import pytest
 
 from vllm_allowed_tools.approvals import ApprovalInputError, ApprovalPolicy, open_engine
 from vllm_allowed_tools.approvals.stream import ApprovalStream
-from vllm_allowed_tools.approvals.wire import (
+from vllm_allowed_tools.approvals.response_bodies import (
     ResponseApprovals,
     direct_events,
     direct_response,

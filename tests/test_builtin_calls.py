@@ -17,7 +17,7 @@ from vllm_allowed_tools.response import (
     check_responses_object,
 )
 from vllm_allowed_tools.devtools.models.tool_pool import POOL
-from vllm_allowed_tools.response.calls import BUILTIN_CALLS
+from vllm_allowed_tools.response.call_names import BUILTIN_CALLS
 from vllm_allowed_tools.wire import ALLOWLIST_KEY, WireAllowlist
 
 FUNCTIONS = [tool.responses_tool() for tool in POOL[:3]]

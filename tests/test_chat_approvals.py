@@ -257,7 +257,7 @@ def test_the_turn_the_approvals_prepare_names_its_parts(engine):
     """prepare_turn, which the middleware runs off the loop: a Chat turn is decided (its gated
     tools out of the wire allowlist, the decision kept for the guard); a render request reaches
     no store and only loses its approval hints."""
-    from vllm_allowed_tools.approvals.turn import prepare_turn
+    from vllm_allowed_tools.approvals.approval_turn import prepare_turn
     hinted = [{**TOOLS[0], "approval": {"required": True}}, TOOLS[1]]
     body = _body("auto", tools=hinted)
     rewritten = rewrite_request(body, "chat")

@@ -336,7 +336,7 @@ def test_unreadable_input_exits_2_naming_the_flag(capsys, random_model, tmp_path
     (["{model}", "--tool-call-parser", "allowed_hermes", "--no-such-flag"], "--no-such-flag"),
 ])
 def test_bad_usage_exits_2_naming_the_flag(capsys, random_model, argv, named) -> None:
-    from vllm_allowed_tools.devtools.cli import main
+    from vllm_allowed_tools.devtools.commands import main
     with pytest.raises(SystemExit) as exit_:
         main(["check", *[arg.format(model=random_model) for arg in argv]])
     assert exit_.value.code == 2 and named in capsys.readouterr().err
@@ -344,7 +344,7 @@ def test_bad_usage_exits_2_naming_the_flag(capsys, random_model, argv, named) ->
 
 def test_the_console_script_prints_only_json_and_takes_seconds(random_model) -> None:
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "check",
+    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.commands", "check",
                              str(random_model), "--tool-call-parser", "allowed_hermes", "--json"],
                             capture_output=True, text=True, timeout=300,
                             env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})

@@ -108,9 +108,9 @@ def test_the_asgi_layer_reaches_no_vllm() -> None:
 
 def test_the_import_scan_resolves_relative_and_absolute_imports() -> None:
     middleware = PACKAGE / "vllm_glue" / "middleware.py"
-    assert {"asgi/middleware.py", "settings.py", "vllm_glue/capabilities.py"} <= _package_imports(middleware)
+    assert {"asgi/guarding_middleware.py", "settings.py", "vllm_glue/capabilities.py"} <= _package_imports(middleware)
     assert _reaches_vllm("vllm_glue/middleware.py", set())   # through capabilities.py
-    assert not _reaches_vllm("asgi/middleware.py", set())
+    assert not _reaches_vllm("asgi/guarding_middleware.py", set())
 
 
 def _layout_entries() -> set[str]:
@@ -353,7 +353,7 @@ def _floor(module: str) -> int:
 
 
 def test_a_module_is_on_the_floor_of_the_longest_part_holding_it() -> None:
-    assert _floor("devtools/cli.py") == 0 and _floor("devtools/serve.py") == 0
+    assert _floor("devtools/commands.py") == 0 and _floor("devtools/serve.py") == 0
     assert _floor("devtools/models/tiny_model.py") == 1
     assert _floor("settings.py") == FLOORS.index(("settings.py",))
     assert _floor("cpu_build.py") == len(FLOORS)
@@ -368,3 +368,14 @@ def test_no_import_runs_back_up_between_the_parts() -> None:
     assert upward == set(UPWARD_KNOWN), (
         f"imports that run back up a floor: {sorted(upward - set(UPWARD_KNOWN))}; gone from the known "
         f"list (take them out of UPWARD_KNOWN): {sorted(set(UPWARD_KNOWN) - upward)}")
+
+
+def test_every_module_has_a_file_name_of_its_own() -> None:
+    """Two ``errors.py`` (or ``turn.py``, ``calls.py``) are two tabs of the same name in an editor and
+    two hits for one word in a search: each module's file name says which part it belongs to."""
+    by_name: dict[str, list[str]] = {}
+    for path in _modules():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"file names used more than once in the package: {shared}"

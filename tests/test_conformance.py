@@ -21,7 +21,7 @@ from vllm_allowed_tools.approvals.elicitation_types import validate_elicitation
 from vllm_allowed_tools.response import GuardedSSE, ResponsesStream, ResponsesStreamGuard
 from vllm_allowed_tools.response import conformance as c
 from vllm_allowed_tools.response import conformance_check as checks
-from vllm_allowed_tools.response.calls import AllowedNames
+from vllm_allowed_tools.response.call_names import AllowedNames
 from vllm_allowed_tools.response.sse import SSEFramer
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
 from vllm_allowed_tools.settings import Settings
@@ -299,7 +299,7 @@ def test_direct_answers_and_restored_echoes_conform() -> None:
     """Calls released by an approval are answered without vLLM (approvals.wire.direct_response):
     complete objects and streams; and the client's own tools echo (reordered back from canonical
     order, in the echo's own shape) and cache key validate too."""
-    from vllm_allowed_tools.approvals.wire import direct_events, direct_response
+    from vllm_allowed_tools.approvals.response_bodies import direct_events, direct_response
     from vllm_allowed_tools.request.rewrite import restore_echo
     tools = [{"type": "function", "name": "b", "parameters": {}}, {"type": "function", "name": "a"}]
     call = {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "a", "arguments": "{}",

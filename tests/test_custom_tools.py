@@ -14,7 +14,7 @@ from vllm_allowed_tools.errors import AllowedToolsError
 from vllm_allowed_tools.request.custom_tools import CODE_INVALID_CUSTOM_TOOL, read_custom_tools
 from vllm_allowed_tools.request.rewrite import echo_of, restore_echo, rewrite_request
 from vllm_allowed_tools.response import ResponsesStreamGuard
-from vllm_allowed_tools.response.calls import AllowedNames
+from vllm_allowed_tools.response.call_names import AllowedNames
 from vllm_allowed_tools.response.unary import check_responses_object
 from vllm_allowed_tools.response.violations import AllowedToolsViolation
 

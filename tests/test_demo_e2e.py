@@ -18,7 +18,7 @@ pytestmark = pytest.mark.server
 
 @pytest.fixture(scope="module")
 def transcript() -> str:
-    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "demo"],
+    result = subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.commands", "demo"],
                             capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stderr[-3000:]
     print(result.stdout)

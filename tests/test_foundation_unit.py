@@ -76,7 +76,7 @@ def test_tokenizer_survives_transformers_reload(random_model_dir):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.cli", *args],
+    return subprocess.run([sys.executable, "-m", "vllm_allowed_tools.devtools.commands", *args],
                           capture_output=True, text=True, timeout=120)
 
 

@@ -27,7 +27,7 @@ from vllm_allowed_tools.approvals import (
     open_store,
 )
 from vllm_allowed_tools.approvals.stream import ApprovalStream
-from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.approvals.response_bodies import ResponseApprovals
 from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
 from vllm_allowed_tools.request import FunctionSpec, ToolIdentity, resolve_allowlist
 

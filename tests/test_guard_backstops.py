@@ -29,7 +29,7 @@ from vllm_allowed_tools import metrics
 from vllm_allowed_tools.approvals import ApprovalPolicy, open_engine
 from vllm_allowed_tools.approvals.chat import ChatCallFilter
 from vllm_allowed_tools.approvals.stream import ApprovalStream
-from vllm_allowed_tools.approvals.wire import ResponseApprovals
+from vllm_allowed_tools.approvals.response_bodies import ResponseApprovals
 from vllm_allowed_tools.asgi.guarded_send import GuardedSend, StopSignal
 from vllm_allowed_tools.asgi.turn_plan import output_contract
 from vllm_allowed_tools.launch import LaunchArgs

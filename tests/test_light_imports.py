@@ -8,7 +8,7 @@ import sys
 
 LIGHT_MODULES = ("vllm_allowed_tools.request", "vllm_allowed_tools.request.rewrite",
                  "vllm_allowed_tools.response", "vllm_allowed_tools.approvals", "vllm_allowed_tools.settings",
-                 "vllm_allowed_tools.asgi.middleware", "vllm_allowed_tools.vllm_glue.middleware")
+                 "vllm_allowed_tools.asgi.guarding_middleware", "vllm_allowed_tools.vllm_glue.middleware")
 
 
 def test_request_path_imports_no_torch_or_xgrammar() -> None:

@@ -77,7 +77,7 @@ def package_source() -> str:
 
 
 def cli_subcommands() -> set[str]:
-    from vllm_allowed_tools.devtools.cli import build_parser
+    from vllm_allowed_tools.devtools.commands import build_parser
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
     return set(sub.choices)
@@ -105,8 +105,8 @@ def check_command(argv: list[str]) -> list[str]:
         problems += [f"{where}: no make target {t!r}" for t in args if t not in make_targets()]
     elif program == "vllm-allowed-tools":
         if args[0] not in cli_subcommands():
-            return problems + [f"{where}: no subcommand {args[0]!r} in devtools/cli.py"]
-        text = help_text(sys.executable, "-m", "vllm_allowed_tools.devtools.cli", args[0])
+            return problems + [f"{where}: no subcommand {args[0]!r} in devtools/commands.py"]
+        text = help_text(sys.executable, "-m", "vllm_allowed_tools.devtools.commands", args[0])
         problems += [f"{where}: `{args[0]}` has no flag {f}" for f in flags(args[1:])
                      if f not in text]
     elif program in ("python", "python3"):

@@ -24,7 +24,7 @@ from vllm_allowed_tools.server_tools import read_server_tools, recipient_target
 from vllm_allowed_tools.server_tools.request import prepare_server_turn, split_selection
 from vllm_allowed_tools.server_tools.response import ServerToolStream, apply_to_response
 from vllm_allowed_tools.server_tools.tools import read_require_approval
-from vllm_allowed_tools.server_tools.turn import HookStatus, ServerTurnFilter
+from vllm_allowed_tools.server_tools.server_turn import HookStatus, ServerTurnFilter
 
 MCP = {"type": "mcp", "server_label": "container", "require_approval": "never"}
 ON = HookStatus(True, "test")

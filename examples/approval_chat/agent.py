@@ -30,7 +30,7 @@ from my_grants import GrantView, MyGrants
 from tool_rule import TEXT_ANSWER, must_call, tools_asked_for
 from turn_notes import released_by, turn_note
 
-from vllm_allowed_tools.approvals.errors import GrantStoreUnavailable
+from vllm_allowed_tools.approvals.approval_errors import GrantStoreUnavailable
 
 #: model requests one action of the person may cause (a call, its result, the answer, one spare)
 MAX_STEPS = 4

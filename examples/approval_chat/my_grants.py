@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_allowed_tools.approvals.store import Grant, GrantStore
-from vllm_allowed_tools.approvals.wire import ANONYMOUS, principal_from_headers, session_of
+from vllm_allowed_tools.approvals.response_bodies import ANONYMOUS, principal_from_headers, session_of
 
 REVOKE_REASON = "revoked by its holder on the approval chat's My approvals page"
 

@@ -42,7 +42,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from vllm_allowed_tools.approvals.errors import GrantStoreUnavailable
+from vllm_allowed_tools.approvals.approval_errors import GrantStoreUnavailable
 
 STATIC = Path(__file__).resolve().parent / "static"
 COOKIE = "approval_chat"

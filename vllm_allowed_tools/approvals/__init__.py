@@ -20,7 +20,7 @@ from .elicitation_types import (
     register_elicitation_type,
 )
 from .engine import ApprovalEngine
-from .errors import ApprovalInputError, GrantStoreUnavailable, PolicyFileError
+from .approval_errors import ApprovalInputError, GrantStoreUnavailable, PolicyFileError
 from .hints import approval_hint
 from .items import (
     TOOL_CALL_APPROVAL_RESPONSE_SCHEMA,

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
 from .digests import definition_matches
-from .errors import (
+from .approval_errors import (
     CODE_ELICITATION_CONSUMED,
     CODE_ELICITATION_MISMATCH,
     CODE_INVALID_ELICITATION_RESPONSE,

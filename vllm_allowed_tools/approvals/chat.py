@@ -15,7 +15,7 @@ from typing import Any
 from ..call_filter import CallFilter, CallKind
 from ..request import TurnAllowlist
 from .engine import ApprovalEngine, ProposedCall
-from .errors import ApprovalInputError
+from .approval_errors import ApprovalInputError
 from .hints import approval_hint
 
 __all__ = ["CODE_TOOL_NEEDS_APPROVAL", "ChatApprovals", "ChatCallFilter", "decide_chat_turn"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..response.conformance import register_output_item
-from .errors import (
+from .approval_errors import (
     CODE_INVALID_ELICITATION,
     CODE_INVALID_ELICITATION_RESPONSE,
     CODE_UNKNOWN_ELICITATION_TYPE,

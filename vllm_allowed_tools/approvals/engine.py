@@ -16,7 +16,7 @@ from typing import Any, Literal
 from ..request import FunctionSpec, ToolIdentity, TurnAllowlist
 from .answers import CheckedAnswer, check_answer, function_call_ids, release_of, same_answer
 from .digests import call_arguments_digest
-from .errors import CODE_ELICITATION_CONSUMED, ApprovalInputError
+from .approval_errors import CODE_ELICITATION_CONSUMED, ApprovalInputError
 from .items import ApprovalItems, ElicitationResponse, ToolCallApproval, parse_input_items
 from .outcomes import Decline, Outcome, ProposedCall, Rejected, Release, Replayed
 from .policy import ApprovalPolicy

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ..request import ToolIdentity
-from .errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError
+from .approval_errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError
 from .scopes import SCOPES, canonical_scopes
 
 

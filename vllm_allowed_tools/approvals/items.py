@@ -30,7 +30,7 @@ from .elicitation_types import (
     validate_elicitation,
     validate_elicitation_response,
 )
-from .errors import CODE_INVALID_ELICITATION_RESPONSE, ApprovalInputError
+from .approval_errors import CODE_INVALID_ELICITATION_RESPONSE, ApprovalInputError
 from .scopes import SCOPES
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from ..request import FunctionSpec, ToolIdentity
 from ..request.identity import ToolKind
 from .digests import definition_digest as compute_definition_digest
-from .errors import ApprovalInputError
+from .approval_errors import ApprovalInputError
 from .store import ElicitationRecord
 
 __all__ = ["Decline", "DeclineCause", "Outcome", "ProposedCall", "Rejected", "Release", "Replayed",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..request import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity
-from .errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError, PolicyFileError
+from .approval_errors import CODE_INVALID_APPROVAL_HINT, ApprovalInputError, PolicyFileError
 from .hints import parse_hint
 from .scopes import SCOPES, canonical_scopes
 

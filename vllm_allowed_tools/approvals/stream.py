@@ -10,8 +10,8 @@ from typing import Any
 from ..response import NEXT_NUMBER, ResponsesStream, run_sync
 from ..response.responses_stream import Steps
 from .answers import CALL_ITEM_TYPES
-from .errors import GrantStoreUnavailable
-from .wire import ResponseApprovals
+from .approval_errors import GrantStoreUnavailable
+from .response_bodies import ResponseApprovals
 
 _TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 

@@ -12,7 +12,7 @@ import json
 import logging
 from typing import Any
 
-from ..approvals.errors import GrantStoreUnavailable
+from ..approvals.approval_errors import GrantStoreUnavailable
 from ..approvals.stream import ApprovalStream
 from ..errors import AllowedToolsError
 from ..metrics import record_violation
@@ -34,7 +34,7 @@ from ..response.conformance import conformed_event, conformed_response
 from ..response.conformance_check import CheckLog
 from .turn_plan import TurnPlan
 
-logger = logging.getLogger("vllm_allowed_tools.asgi.middleware")   # the middleware's log
+logger = logging.getLogger("vllm_allowed_tools.asgi.guarding_middleware")   # the middleware's log
 
 #: ASGI extensions that send a response body without ``http.response.body`` messages
 _BODY_ELSEWHERE = frozenset({"http.response.pathsend", "http.response.zerocopysend"})

@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..approvals.turn import PreparedTurn
-from ..approvals.wire import ResponseApprovals
+from ..approvals.approval_turn import PreparedTurn
+from ..approvals.response_bodies import ResponseApprovals
 from ..call_filter import CallFilter
 from ..decode.custom_capability import refuse_uncarried_custom_tools
 from ..errors import AllowedToolsError
@@ -28,9 +28,9 @@ from ..request.rewrite import Api, Rewritten, constrain_to_catalog, echo_of, fil
 from ..response import AllowedNames
 from ..response.contract import OutputContract
 from ..server_tools.request import PreparedServerTurn
-from ..server_tools.turn import ServerTurn
+from ..server_tools.server_turn import ServerTurn
 from ..settings import PLAIN_CATALOG, Settings
-from .server_tools import with_server_turn
+from ..server_tools.forwarding import with_server_turn
 
 #: ``code`` of the 400 for a tool-bearing request on a route the guard does not cover.
 CODE_UNGUARDED_ENDPOINT = "unguarded_endpoint"

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..errors import CapabilityError
 
 if TYPE_CHECKING:
-    from ..request.allowlist import TurnAllowlist
+    from ..request.turn_allowlist import TurnAllowlist
 
 #: the stand-in custom tool of the probe, and its grammar (xgrammar EBNF)
 _PROBE_NAME = "custom_input_probe"

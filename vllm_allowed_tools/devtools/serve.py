@@ -355,7 +355,7 @@ def _stop_child(process: subprocess.Popen, timeout: float) -> int | None:
 
 def serve_tiny_command(flavour: str, port: int, log_path: Path, options: Sequence[str] = (),
                        extra_args: Sequence[str] = ()) -> list[str]:
-    command = [sys.executable, "-m", "vllm_allowed_tools.devtools.cli", "serve-tiny",
+    command = [sys.executable, "-m", "vllm_allowed_tools.devtools.commands", "serve-tiny",
                "--port", str(port), "--flavour", flavour, "--log-file", str(log_path), *options]
     return command + (["--", *extra_args] if extra_args else [])
 

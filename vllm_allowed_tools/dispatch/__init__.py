@@ -2,10 +2,10 @@
 Model-side restriction narrows what the model proposes; this is the security boundary. What it
 checks, in which order, and how it refuses: docs/dispatch.md."""
 
-from .arguments import arguments_digest
-from .calls import ToolCall, TurnContext
+from .call_arguments import arguments_digest
+from .tool_calls import ToolCall, TurnContext
 from .dispatcher import Dispatcher
-from .errors import (
+from .dispatch_errors import (
     AuthorizationDeniedError,
     CallInProgressError,
     CallRefusedError,

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..request import FunctionSpec, ToolIdentity
-from .arguments import DEFAULT_MAX_ARGUMENT_CHARS, ArgumentChecker
-from .calls import ToolCall, TurnContext
-from .errors import (
+from .call_arguments import DEFAULT_MAX_ARGUMENT_CHARS, ArgumentChecker
+from .tool_calls import ToolCall, TurnContext
+from .dispatch_errors import (
     AuthorizationDeniedError,
     DispatchError,
     GrantRequiredError,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..request import FunctionSpec, ToolIdentity
-from .arguments import arguments_digest
-from .calls import ToolCall, TurnContext
+from .call_arguments import arguments_digest
+from .tool_calls import ToolCall, TurnContext
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Protocol
 
-from .arguments import arguments_digest
-from .errors import CallInProgressError, DispatchError, IdempotencyConflictError, ToolFailedError
+from .call_arguments import arguments_digest
+from .dispatch_errors import CallInProgressError, DispatchError, IdempotencyConflictError, ToolFailedError
 from .hooks import Invocation
 from .messages import short
 from .results import DispatchResult

@@ -3,7 +3,7 @@ the request so vLLM renders a stable catalog and the parser sees the allowlist.
 
 The names most of the package uses are re-exported here; a module's own detail is imported from
 that module."""
-from .allowlist import Choice, TurnAllowlist, resolve_allowlist, resolve_callable_catalog
+from .turn_allowlist import Choice, TurnAllowlist, resolve_allowlist, resolve_callable_catalog
 from .catalog import Api, catalog_digest
 from .digest import NotCanonicalJSON, canonical_json_bytes, text_digest, value_digest
 from .identity import NAMESPACE_SEPARATOR, FunctionSpec, ToolIdentity, flat_name, function_digest

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..wire import ALLOWLIST_KEY, XARGS_KEYS, allowlist_to_wire
-from .allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
+from .turn_allowlist import TurnAllowlist, allowlist_digest, resolve_allowlist
 from .catalog import Api
 from .custom_tools import is_grammar_tool, read_custom_tools, served_messages
 from .placement import TEMPLATE_KWARG, TEMPLATE_VARIABLE, canonical_tools

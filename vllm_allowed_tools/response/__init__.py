@@ -6,7 +6,7 @@ steps are the :class:`ResponsesStreamGuard` and, with approvals on, the approval
 withheld, when a stream fails and how it is renumbered: ``docs/response-path.md``.
 """
 
-from .calls import AllowedNames, request_tools
+from .call_names import AllowedNames, request_tools
 from .chat_guard import ChatStreamGuard
 from .guarded_sse import GuardedSSE
 from .responses_guard import ResponsesStreamGuard

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..request import flat_name
-from .calls import item_identity
+from .call_names import item_identity
 from .contract import NAMES_ONLY, OutputContract, is_cut
 from .responses_stream import NEXT_NUMBER, SNAPSHOT_TYPES, ResponsesStream, run_sync
 from .unary import close_cut_call, responses_violation

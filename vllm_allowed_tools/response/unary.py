@@ -8,7 +8,7 @@ from typing import Any
 
 from ..metrics import record_violation
 from ..request import flat_name
-from .calls import chat_call_identity, item_identity
+from .call_names import chat_call_identity, item_identity
 from .contract import NAMES_ONLY, OutputContract, is_cut
 from .violations import (
     ARGUMENTS_NOT_OBJECT,

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..approvals.errors import ApprovalInputError
+from ..approvals.approval_errors import ApprovalInputError
 from ..approvals.outcomes import Decline, Rejected, Release, Replayed
-from ..approvals.wire import principal_from_headers, session_of
+from ..approvals.response_bodies import principal_from_headers, session_of
 from ..errors import AllowedToolsError, quote, type_name
 from ..settings import current
 from ..wire import tool_choice_of
@@ -26,7 +26,7 @@ from .tools import (
     ServerTools,
     read_server_tools,
 )
-from .turn import TURN_KEY, ResumedCall, ServerSelection, ServerTurn
+from .server_turn import TURN_KEY, ResumedCall, ServerSelection, ServerTurn
 
 __all__ = ["CODE_SERVER_TOOLS_UNGUARDED", "PreparedServerTurn", "prepare_server_turn",
            "split_selection"]

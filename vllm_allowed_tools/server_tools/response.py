@@ -18,7 +18,7 @@ from typing import Any
 from ..metrics import record_server_tool_failure
 from ..response import NEXT_NUMBER, ResponsesStream
 from ..response.violations import AllowedToolsViolation
-from .turn import ServerDecision, ServerTurn
+from .server_turn import ServerDecision, ServerTurn
 
 __all__ = ["ServerToolStream", "apply_to_response", "approval_item", "refusal_violation"]
 

@@ -6,14 +6,14 @@ need vLLM are made here, before the first request: whether this server can enfor
 at all (:mod:`.capabilities`: parser, structured-output backend, constraint stage; refused with a
 CapabilityError otherwise) and where the served chat template takes the per-turn policy
 (:mod:`.served_template`). The request path itself is plain ASGI:
-:class:`~vllm_allowed_tools.asgi.middleware.GuardingMiddleware`.
+:class:`~vllm_allowed_tools.asgi.guarding_middleware.GuardingMiddleware`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..asgi.middleware import GuardingMiddleware
+from ..asgi.guarding_middleware import GuardingMiddleware
 from ..settings import Settings, current
 from .capabilities import activate, check_server_args
 from .harmony_prompt import serves_harmony

@@ -97,9 +97,9 @@ class AllowedToolsMixin:
         """Harmony with server-side tools: the allowed functions' tag and the allowed
         server-side recipients (:mod:`..decode.server_tools`)."""
         from ..settings import current
-        from ..decode.server_tools import with_server_calls
+        from ..server_tools.recipients import with_server_calls
         from .server_tool_hook import tool_schemas
-        from ..server_tools.turn import registered
+        from ..server_tools.server_turn import registered
 
         def tag_for(allowlist: WireAllowlist):
             function_tag = None

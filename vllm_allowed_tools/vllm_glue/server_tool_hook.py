@@ -27,7 +27,7 @@ import logging
 from typing import Any
 
 from ..metrics import record_server_tool_failure
-from ..server_tools.turn import HookStatus, ServerTurn, registered, set_hook_status
+from ..server_tools.server_turn import HookStatus, ServerTurn, registered, set_hook_status
 from . import harmony_tools
 from ..server_tools.runs import (
     failure_text,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..errors import GrantStoreUnavailable
+from ..approval_errors import GrantStoreUnavailable
 from .sql import DEFAULT_STORE_TIMEOUT_S, SCHEMA, SQLStore, migrate, read_principal_secret
 
 __all__ = ["PostgresGrantStore"]

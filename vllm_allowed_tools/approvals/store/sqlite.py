@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..errors import GrantStoreUnavailable
+from ..approval_errors import GrantStoreUnavailable
 from .sql import (
     DEFAULT_STORE_TIMEOUT_S,
     SCHEMA,

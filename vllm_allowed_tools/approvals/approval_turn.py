@@ -19,7 +19,7 @@ from ..response import request_tools
 from .chat import ChatApprovals, decide_chat_turn
 from .engine import ApprovalEngine
 from .hints import check_hints
-from .wire import (
+from .response_bodies import (
     ResponseApprovals,
     prepare_request,
     principal_from_headers,

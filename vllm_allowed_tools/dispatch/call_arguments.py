@@ -16,8 +16,8 @@ from ..arguments import (
     parse_arguments_object,
 )
 from ..request import FunctionSpec, value_digest
-from .calls import ToolCall
-from .errors import InvalidArgumentsError, SchemaViolationError, ToolUnavailableError
+from .tool_calls import ToolCall
+from .dispatch_errors import InvalidArgumentsError, SchemaViolationError, ToolUnavailableError
 from .messages import short
 
 logger = logging.getLogger(__name__)

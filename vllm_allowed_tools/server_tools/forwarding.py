@@ -10,8 +10,8 @@ from typing import Any
 from ..call_filter import CallFilter
 from ..request.rewrite import Rewritten
 from ..response.contract import OutputContract
-from ..server_tools.request import PreparedServerTurn
-from ..server_tools.turn import ServerTurnFilter
+from .request import PreparedServerTurn
+from .server_turn import ServerTurnFilter
 from ..settings import Settings
 
 logger = logging.getLogger("vllm.allowed_tools.server_tools")  # under vLLM's configured logger
@@ -34,7 +34,7 @@ def with_server_turn(rewritten: Rewritten, server: PreparedServerTurn, call_filt
     """The request with the server-side turn's token and the recipients the grammar admits; the
     guard's filter admitting the allowed server-side call items (no function when the selection
     named server-side tools only); a required turn satisfied by a server-side call too."""
-    from ..server_tools.turn import TURN_KEY
+    from .server_turn import TURN_KEY
     from ..wire import ALLOWLIST_KEY, no_function_wire, with_server_recipients
     body = dict(rewritten.body)
     body[TURN_KEY] = server.turn.token

@@ -15,8 +15,8 @@ import json
 from typing import Any, Literal, Protocol
 
 from ..approvals import engine_from_settings
-from ..approvals.errors import GrantStoreUnavailable
-from ..approvals.turn import PreparedTurn, prepare_turn
+from ..approvals.approval_errors import GrantStoreUnavailable
+from ..approvals.approval_turn import PreparedTurn, prepare_turn
 from ..errors import AllowedToolsError
 from ..request.rewrite import Api
 from ..request.template_probe import ProbeResult
@@ -25,7 +25,7 @@ from ..response.conformance_check import CheckLog
 from ..response.sse import SSEEvent
 from ..server_tools import hook_status, read_server_tools
 from ..server_tools.request import PreparedServerTurn, prepare_server_turn
-from ..server_tools.turn import ServerTurn, register, unregister
+from ..server_tools.server_turn import ServerTurn, register, unregister
 from ..settings import Settings
 from .authentication import find_authentication
 from .guarded_send import GuardedSend, StopSignal, error_headers, log_store_down, with_content_length
@@ -37,7 +37,7 @@ from .routes import (
     log_route_table,
     matched_template,
 )
-from .server_tools import store_only_engine as _store_only_engine
+from ..server_tools.forwarding import store_only_engine as _store_only_engine
 from .turn_plan import CODE_UNGUARDED_ENDPOINT, TurnPlan, plan_turn
 
 
@@ -250,7 +250,7 @@ async def _send_direct(send: Send, body: dict, output: list[dict], original_tool
                        check: CheckLog | None) -> None:
     """Calls an approval released without the model, answered here (``check``: the check mode's
     log; these answers are ours alone)."""
-    from ..approvals.wire import direct_events, direct_response
+    from ..approvals.response_bodies import direct_events, direct_response
     from ..response.conformance import conformed_response
     response = conformed_response(direct_response(body, output, original_tool_choice))
     if not body.get("stream"):

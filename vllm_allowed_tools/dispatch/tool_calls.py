@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..request import Api, FunctionSpec, ToolIdentity, TurnAllowlist, flat_name, resolve_allowlist
-from .errors import MalformedCallError
+from .dispatch_errors import MalformedCallError
 from .messages import short
 
 
