@@ -23,6 +23,7 @@ import pytest
 from vllm_allowed_tools.devtools.models.tool_pool import POOL, POOL_BY_NAME
 
 from support.calls import (
+    USER_TURN,
     chat_calls,
     chat_selection,
     responses_calls,
@@ -138,6 +139,54 @@ def test_without_the_nudges_a_call_ends_on_a_stop_token_the_parser_reads(request
         reply = fetch(server.client(), catalog, "required", subset, seed, stream=stream, max_tokens=200)
         assert len(reply.calls) == 1 and reply.calls[0][0] in subset, (api, stream, seed, reply)
         assert POOL_BY_NAME[reply.calls[0][0]].arguments_valid(reply.calls[0][1]), (seed, reply.calls)
+
+
+#: a free ``city`` string: without the nudges the random model's string runs on to the token limit
+WEATHER_TOOLS = [{"type": "function", "function": {"name": name, "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+    for name in ("get_weather", "get_time")]
+
+
+def test_a_call_the_token_limit_cuts_goes_out_as_length_not_a_500(request, server):
+    """No ``logit_bias``, unary Chat, ``auto`` (plain and as an ``allowed_tools`` selection): the
+    model opens a call and its free ``city`` string runs to ``max_tokens``. vLLM's unary Chat
+    reports such a turn as ``tool_calls``, which the guard read as a refused call (a 500
+    ``arguments_not_object``); the choice now goes out as ``length`` with the cut call
+    (response/unary.py, ``mark_cut_choice``). Measured on the default stage: seeds 1-4 and 6-11 of
+    0-11 cut a call this way (0 and 5 run to the limit in text), on both choices; the guard is the
+    same on both stages, so the default stage runs it."""
+    if "native" in request.node.callspec.id:
+        pytest.skip("the guard does not depend on the stage: the default stage runs it")
+    names = {"get_weather", "get_time"}
+    cut = 0
+    for choice, seed in (("auto", 1), ("auto", 2), (chat_selection("auto", sorted(names)), 3)):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": USER_TURN}],
+                "tools": WEATHER_TOOLS, "tool_choice": choice, "max_tokens": 200, "temperature": 1.0,
+                "seed": seed}
+        reply = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, (seed, reply.status_code, reply.text[:400])
+        [answer] = reply.json()["choices"]
+        finish, calls = answer["finish_reason"], answer["message"].get("tool_calls") or []
+        arguments = [call["function"]["arguments"] for call in calls]
+        assert finish in ("tool_calls", "stop", "length"), (seed, answer)
+        assert all(call["function"]["name"] in names for call in calls), (seed, answer)
+        if finish == "tool_calls":   # complete calls: JSON objects with the string the schema asks
+            assert calls and all(isinstance((json_object(text) or {}).get("city"), str)
+                                 for text in arguments), (seed, answer)
+        elif finish == "stop":
+            assert not calls, (seed, answer)
+        elif calls and json_object(arguments[-1]) is None:
+            cut += 1
+    assert cut >= 1, (cut, server.log_tail(20))   # the case was exercised
+
+
+def json_object(text: str) -> dict | None:
+    """``text`` read as one JSON object, None when it is not one (e.g. cut)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])

@@ -19,6 +19,8 @@ the tool pool (strict, enum-only arguments) and a 2-tool subset:
   arguments, over several seeds at temperature 1.0;
 * auto mode, the format's markers written as one token and nothing pushed: never a call outside
   the subset, and calls where the model opens them on its own (mistral's ``[TOOL_CALLS]``);
+* a plain ``required`` (no ``allowed_tools``) on the pythonic format: written in its call list
+  (``[name(...)]``, the returned tokens show it), not vLLM's JSON array;
 * the server renders the prompt exactly as :mod:`vllm_allowed_tools.templates.render` does, policy
   block included.
 
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -43,7 +46,7 @@ from vllm_allowed_tools.devtools.serve import TEMPLATE_FOR_PARSER, ServeTinyProc
 from vllm_allowed_tools.templates.render import render_chat
 
 from support import custom_tools
-from support.calls import chat_calls, chat_selection, responses_calls
+from support.calls import USER_TURN, chat_calls, chat_selection, responses_calls
 from support.families import assert_auto_pushed_calls_only_allowed, nudges, unpushed_floor
 from support.parsers import TWO_TOOLS, format_model, glue, policy_request
 from support.servers import start_cli_server, stop_cli_server
@@ -149,6 +152,74 @@ def test_auto_pushed_onto_the_opening_calls_only_allowed_tools(served):
     the opening, the model calls, only allowed tools (test_families_e2e's test, on these servers)."""
     parser, server, _ = served
     assert_auto_pushed_calls_only_allowed(parser.removeprefix("allowed_"), server)
+
+
+#: a Python call opening the list: ``[get_weather(`` (vLLM's JSON array opens ``[{`` or ``[ {``)
+PYTHON_CALL_OPENING = re.compile(r"\[[A-Za-z_][A-Za-z0-9_]*\(")
+
+
+def plain_required_chat(server: ServeTinyProcess, catalog: list, seed: int,
+                        stream: bool) -> tuple[list[tuple[str, str]], str | None, str]:
+    """A plain ``tool_choice: "required"`` Chat request (no ``allowed_tools``; the request
+    support/calls.py's ``chat_calls`` sends, with ``logprobs``): ([(name, arguments)], the finish
+    reason, the generated text joined from the returned tokens, i.e. what the model wrote)."""
+    request = dict(model="tiny", messages=[{"role": "system", "content": SYSTEM},
+                                           {"role": "user", "content": USER_TURN}],
+                   tools=[tool.chat_tool() for tool in catalog], tool_choice="required",
+                   max_tokens=REQUIRED_MAX_TOKENS, temperature=1.0, seed=seed, logprobs=True)
+    client = server.client()
+    if not stream:
+        choice = client.chat.completions.create(**request).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        return calls, choice.finish_reason, "".join(t.token for t in choice.logprobs.content)
+    collected: dict[int, list[str]] = {}
+    finish, tokens = None, []
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            tokens += [t.token for t in (choice.logprobs.content if choice.logprobs else None) or ()]
+            for call in choice.delta.tool_calls or []:
+                entry = collected.setdefault(call.index, ["", ""])
+                entry[0] += call.function and call.function.name or ""
+                entry[1] += call.function and call.function.arguments or ""
+    return [tuple(collected[i]) for i in sorted(collected)], finish, "".join(tokens)
+
+
+@pytest.mark.parametrize("served", ["allowed_pythonic"], indirect=True)   # that server, once
+@pytest.mark.parametrize("endpoint", ["chat-unary", "chat-streamed", "responses"])
+def test_plain_required_on_a_pythonic_format_is_written_in_its_call_syntax(served, endpoint):
+    """A plain ``tool_choice: "required"`` (no ``allowed_tools``, the client's default
+    ``parallel_tool_calls``) is decoded in the format's own call list, ``[get_weather(city=...)]``,
+    which vLLM's pythonic parser reads, not as vLLM's JSON array (asgi/turn_plan.py: the whole
+    catalog as a required wire allowlist). The calls come back as tool calls, from the catalog,
+    schema-valid; Chat finishes ``tool_calls`` and the tokens it returns (``logprobs``) show the
+    model wrote a Python call list; the Responses object echoes the client's ``required`` (vLLM
+    itself saw another choice). Before, the same requests decoded ``[{"name": ..., "parameters":
+    ...}]`` (vLLM's required path), so the output check fails there."""
+    _, server, _ = served
+    failures = []
+    for seed in SEEDS:
+        catalog, _ = catalog_and_subset(seed)
+        names = {tool.name for tool in catalog}
+        if endpoint == "responses":
+            reply = responses_calls(server.client(), catalog, "required", None, seed, parallel=True,
+                                    max_tokens=REQUIRED_MAX_TOKENS, system=SYSTEM)
+            calls, finish, written = [call[:2] for call in reply.calls], reply.raw.status, None
+            if reply.raw.tool_choice != "required":
+                failures.append((seed, "echoed tool_choice", reply.raw.tool_choice))
+        else:
+            calls, finish, written = plain_required_chat(server, catalog, seed,
+                                                         stream=endpoint == "chat-streamed")
+            if not PYTHON_CALL_OPENING.match(written):
+                failures.append((seed, "written", written[:300]))
+        if finish != ("completed" if endpoint == "responses" else "tool_calls"):
+            failures.append((seed, "finish", finish, calls))
+        if not calls:
+            failures.append((seed, "no call", written))
+        for name, arguments in calls:
+            if name not in names or not POOL_BY_NAME[name].arguments_valid(arguments):
+                failures.append((seed, "call", name, arguments))
+    assert not failures, (endpoint, failures, server.log_tail(30))
 
 
 def test_server_renders_the_template_like_render_py(served):

@@ -33,16 +33,17 @@ def responses_selection(mode: Any, names: Iterable[str]) -> dict[str, Any]:
             "tools": [{"type": "function", "name": n} for n in names]}
 
 
-def chat_calls(client: Any, catalog: Sequence[Any], mode: str, allowed: Sequence[str], seed: int, *,
-               stream: bool = False, parallel: bool = False, max_tokens: int = 120,
+def chat_calls(client: Any, catalog: Sequence[Any], mode: str, allowed: Sequence[str] | None,
+               seed: int, *, stream: bool = False, parallel: bool = False, max_tokens: int = 120,
                system: str | None = None, extra_body: dict | None = None) -> Reply:
-    """Ask Chat Completions for calls from `catalog` (tool-pool tools) under `allowed`
-    (``extra_body``: more request fields, e.g. ``logit_bias``)."""
+    """Ask Chat Completions for calls from `catalog` (tool-pool tools) under `allowed` (None: the
+    plain `mode`, e.g. ``"required"``; ``extra_body``: more request fields, e.g. ``logit_bias``)."""
     messages = ([{"role": "system", "content": system}] if system else []) + \
         [{"role": "user", "content": USER_TURN}]
     request = dict(model="tiny", messages=messages, tools=[tool.chat_tool() for tool in catalog],
-                   tool_choice=chat_selection(mode, allowed), parallel_tool_calls=parallel,
-                   max_tokens=max_tokens, temperature=1.0, seed=seed, extra_body=extra_body)
+                   tool_choice=mode if allowed is None else chat_selection(mode, allowed),
+                   parallel_tool_calls=parallel, max_tokens=max_tokens, temperature=1.0, seed=seed,
+                   extra_body=extra_body)
     if not stream:
         message = client.chat.completions.create(**request).choices[0].message
         return Reply([(c.function.name, c.function.arguments) for c in message.tool_calls or []],
@@ -63,16 +64,16 @@ def chat_calls(client: Any, catalog: Sequence[Any], mode: str, allowed: Sequence
     return Reply([tuple(calls[i]) for i in sorted(calls)], "".join(text), None)
 
 
-def responses_calls(client: Any, catalog: Sequence[Any] | None, mode: str, allowed: Sequence[str],
-                    seed: int, *, stream: bool = False, parallel: bool = False,
-                    max_tokens: int = 120, system: str | None = None,
+def responses_calls(client: Any, catalog: Sequence[Any] | None, mode: str,
+                    allowed: Sequence[str] | None, seed: int, *, stream: bool = False,
+                    parallel: bool = False, max_tokens: int = 120, system: str | None = None,
                     tools: list[dict] | None = None, extra_body: dict | None = None) -> Reply:
-    """Ask Responses for calls from `catalog` (or raw `tools`) under `allowed` (``extra_body``:
-    vLLM's sampling extensions, e.g. ``logit_bias``)."""
+    """Ask Responses for calls from `catalog` (or raw `tools`) under `allowed` (None: the plain
+    `mode`; ``extra_body``: vLLM's sampling extensions, e.g. ``logit_bias``)."""
     request = dict(model="tiny", input=USER_TURN,
                    tools=tools or [tool.responses_tool() for tool in catalog or ()],
-                   tool_choice=responses_selection(mode, allowed), parallel_tool_calls=parallel,
-                   max_output_tokens=max_tokens, temperature=1.0,
+                   tool_choice=mode if allowed is None else responses_selection(mode, allowed),
+                   parallel_tool_calls=parallel, max_output_tokens=max_tokens, temperature=1.0,
                    extra_body={"seed": seed, **(extra_body or {})})
     if system:
         request["instructions"] = system
