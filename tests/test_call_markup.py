@@ -144,6 +144,26 @@ def test_the_triggers_are_where_the_grammar_starts_a_call():
             assert any(trigger.startswith(ours) for ours in CALL_TRIGGERS[wire_format]), trigger
 
 
+def test_every_call_trigger_opens_a_call_or_is_kept_out_of_the_free_text():
+    """The wrapper returns no text from the first call trigger on (a call starts there), which only
+    holds if the auto grammar never writes a call trigger as text: each is one of the grammar's
+    triggers (after it, only an allowed call), or the free text excludes it (decode/free_text.py).
+    Qwen3-Coder's grammar triggered on ``<tool_call>\n<function=`` and let a bare ``<tool_call>``
+    be text; Llama's let ``<|python_tag|>`` be text."""
+    import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony builder)
+
+    from vllm_allowed_tools.formats import wire_formats
+    functions = [AllowedFunction("get_ticket", POOL_BY_NAME["get_ticket"].parameters, True)]
+    for entry in wire_formats():
+        tag = build_structural_tag(entry.name, functions, "auto") if entry.grammar.holds_auto else None
+        node = tag.format if tag is not None else None
+        if getattr(node, "type", None) != "triggered_tags":
+            continue
+        for trigger in entry.call_triggers:
+            assert trigger in node.triggers or trigger in node.excludes or \
+                any(ours in trigger for ours in node.triggers), (entry.name, trigger)
+
+
 def test_call_start():
     from vllm_allowed_tools.vllm_glue.parsers import call_start
     triggers = ("<tool_call>",)

@@ -117,3 +117,86 @@ def test_the_auto_grammar_admits_text_then_an_allowed_call_only(family):
     assert _is_grammar_accept_string(grammar, "Let me check. ")
     assert _is_grammar_accept_string(grammar, "Let me check. " + call_text(family, ALLOWED))
     assert not _is_grammar_accept_string(grammar, "Let me check. " + call_text(family, OTHER))
+
+
+def format_markers_in(family: str) -> list[str]:
+    """The format's markers, read off the registry and its call as written (not the grammar's own
+    list): special tokens, call triggers, every ``<...>`` piece of the call."""
+    import re
+    entry = wire_format(family)
+    pieces = re.findall(r"<[^<>]*>", call_text(family, ALLOWED))
+    return list(dict.fromkeys((*entry.special_tokens, *entry.call_triggers, *pieces)))
+
+
+@pytest.mark.parametrize("parallel", [False, True], ids=["one-call", "parallel"])
+@pytest.mark.parametrize("family", sorted(CALL_TEXT))
+def test_the_auto_grammars_free_text_holds_no_marker_of_the_format(family, parallel):
+    """A marker in an auto turn's free text is read by the format's parser (decode/free_text.py):
+    a stray ``<｜tool▁call▁begin｜>`` before DeepSeek's call made its parser fail and the call was
+    lost; so no marker is admitted in the text before, between or after the calls but as the
+    opening of a call (a call trigger that is followed by anything but a call is refused too)."""
+    import xgrammar
+    from xgrammar.testing import _is_grammar_accept_string
+
+    functions = [AllowedFunction(ALLOWED, POOL_BY_NAME[ALLOWED].parameters, True)]
+    tag = build_structural_tag(family, functions, "auto", parallel_tool_calls=parallel)
+    grammar = xgrammar.Grammar.from_structural_tag(tag.model_dump_json())
+    call = call_text(family, ALLOWED)
+    assert _is_grammar_accept_string(grammar, "Let me check. " + call)
+    for marker in format_markers_in(family):
+        assert not _is_grammar_accept_string(grammar, f"Let me check {marker} now."), marker
+        assert not _is_grammar_accept_string(grammar, f"Let me check {marker} now. {call}"), marker
+        if parallel:
+            assert _is_grammar_accept_string(grammar, f"{call} Done.")
+            assert not _is_grammar_accept_string(grammar, f"{call} Done {marker} now."), marker
+
+
+#: a stray text before the call that the format's base parser misreads (decode/free_text.py keeps
+#: the markers out of an auto turn's text; a '{' in Llama's text cannot be kept out)
+MISREAD_TEXT = {"deepseek_v3": "<｜tool▁call▁begin｜>", "deepseek_v31": "<｜tool▁call▁begin｜>",
+                "granite4": "</tool_call>", "llama4_json": "{x}"}
+
+
+@pytest.mark.parametrize("family", sorted(MISREAD_TEXT))
+def test_the_wrapper_reads_the_call_after_text_its_base_parser_misreads(tokenizer_for, family):
+    """Where no grammar shaped the text, a stray marker before the call section still leaves the call
+    read (vllm_glue/markup_reads.py: the calls are read from the first call trigger on) and the
+    text before it as the message text, unary and streamed: no call made of the text, none lost."""
+    from support.parsers import served
+    tokenizer = tokenizer_for(family)
+    request, _ = policy_request("auto", [ALLOWED], [ALLOWED, OTHER])
+    request = wrapper(tokenizer_for, family).adjust_request(request)
+    text = f"Let me check {MISREAD_TEXT[family]} now. "
+    output = text + call_text(family, ALLOWED)
+    read = wrapper(tokenizer_for, family).extract_tool_calls(output, request)
+    assert [(call.function.name, json.loads(call.function.arguments)) for call in read.tool_calls] == \
+        [(ALLOWED, {"priority": "high"})], read
+    assert read.content == text, read
+    parser, calls, content = served(tokenizer, f"allowed_{family}", request), {}, ""
+    ids = tokenizer.encode(output, add_special_tokens=False)
+    pieces = [(tokenizer.decode([i], skip_special_tokens=False), [i]) for i in ids]
+    for number, (piece, piece_ids) in enumerate([*pieces, ("", [tokenizer.eos_token_id])]):
+        delta = parser.parse_delta(piece, piece_ids, request, prompt_token_ids=[],
+                                   finished=number == len(pieces))
+        content += (delta.content or "") if delta else ""
+        for call in (delta.tool_calls or []) if delta else []:
+            entry = calls.setdefault(call.index, ["", ""])
+            entry[0] += (call.function.name or "") if call.function else ""
+            entry[1] += (call.function.arguments or "") if call.function else ""
+    assert [(name, json.loads(arguments)) for name, arguments in calls.values()] == \
+        [(ALLOWED, {"priority": "high"})], calls
+    assert content == text
+
+
+def test_call_markup_no_parser_reads_leaves_the_text_before_it_and_a_warning(tokenizer_for, caplog):
+    """A complete call the base parser cannot read (DeepSeek-V3's with another type than
+    ``function``: vLLM's parser raises) is no call and never text: the answer is the text before
+    it, and the server log says so."""
+    request, _ = policy_request("auto", [ALLOWED], [ALLOWED, OTHER])
+    parser = wrapper(tokenizer_for, "deepseek_v3")
+    request = parser.adjust_request(request)
+    unreadable = call_text("deepseek_v3", ALLOWED).replace(">function<", ">method<")
+    with caplog.at_level("WARNING", logger="vllm_allowed_tools.vllm_glue.markup_reads"):
+        read = parser.extract_tool_calls("Sure. " + unreadable, request)
+    assert read.tools_called and read.tool_calls == [] and read.content == "Sure. ", read
+    assert any("read no call from the call markup" in record.getMessage() for record in caplog.records)

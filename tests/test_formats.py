@@ -13,6 +13,7 @@ import textwrap
 import pytest
 
 from vllm_allowed_tools.decode.argument_slots import format_markers, with_object_arguments
+from vllm_allowed_tools.decode.free_text import with_unmarked_free_text
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, call_array_schema
 from vllm_allowed_tools.decode.marker_tokens import with_marker_tokens
 from vllm_allowed_tools.formats import (
@@ -165,10 +166,11 @@ def test_grammar_is_the_one_vllms_parser_builds(name, mode, parallel, every_tool
 
 
 def as_objects(name: str, tag, mode: str):
-    """vLLM's tag with its argument slots as ours are (objects only; on one line where the format's
-    parser reads no line break; strings kept from the format's markers): the one transform our
-    builder applies to every format; and for harmony, calls ending at the call token, a required
-    turn's preamble bounded, markers as tokens."""
+    """vLLM's tag with its free text and argument slots as ours are (an auto turn's text holds no
+    marker of the format but as a call's opening: decode/free_text.py; arguments objects only, on
+    one line where the format's parser reads no line break, strings kept from the format's
+    markers): the two transforms our builder applies to every format; and for harmony, calls
+    ending at the call token, a required turn's preamble bounded, markers as tokens."""
     spec = wire_format(name).grammar
     if spec.kind == "vllm":
         from vllm_allowed_tools.server_tools.recipients import bound_preambles, preamble_bound
@@ -176,6 +178,7 @@ def as_objects(name: str, tag, mode: str):
         tag = as_served(spec.vllm_model, tag)
         if spec.vllm_model == "harmony":
             bound_preambles(tag.format, preamble_bound(mode))
+    tag = with_unmarked_free_text(tag, name)
     tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line, markers=format_markers(name))
     return with_marker_tokens(tag, dict(spec.marker_tokens))
 
@@ -328,15 +331,30 @@ def test_whitespace_cap_is_xgrammars_option_on_every_argument_grammar(name):
 def test_a_renamed_grammar_is_its_source_with_only_the_markup_renamed(name, mode):
     """Seed-OSS writes Qwen3-Coder's XML calls with other wrapper tokens (what vLLM's seed_oss
     parser reads): its tag is xgrammar's qwen_3_coder tag for the same subset, every markup string
-    renamed, schemas untouched."""
+    renamed, schemas untouched (and its free text as every format's: decode/free_text.py)."""
     import xgrammar
+    from xgrammar import StructuralTag
     spec = wire_format(name).grammar
-    ours = json.loads(dumped(build_structural_tag(name, allowed_functions(), mode)))
-    theirs = json.loads(dumped(xgrammar.get_model_structural_tag(
-        spec.xgrammar_model, tools=[{"type": "function", "function": {
-            "name": f.name, "parameters": f.parameters, "strict": bool(f.strict)}} for f in allowed_functions()],
-        tool_choice=mode, reasoning=False)))
     renamed = dict(spec.rename)
+
+    def markup(text: str) -> str:
+        return re.sub("|".join(re.escape(old) for old in sorted(renamed, key=len, reverse=True)),
+                      lambda match: renamed[match.group(0)], text)
+
+    def renamed_markup(node, key=None):
+        if isinstance(node, dict):
+            return {k: renamed_markup(v, k) for k, v in node.items()}
+        if isinstance(node, list):
+            return [renamed_markup(item, key) for item in node]
+        return markup(node) if isinstance(node, str) and key in ("begin", "end", "triggers", "excludes") else node
+
+    ours = json.loads(dumped(build_structural_tag(name, allowed_functions(), mode)))
+    theirs = json.loads(dumped(with_unmarked_free_text(StructuralTag.model_validate(renamed_markup(
+        xgrammar.get_model_structural_tag(
+            spec.xgrammar_model, tools=[{"type": "function", "function": {
+                "name": f.name, "parameters": f.parameters, "strict": bool(f.strict)}}
+                for f in allowed_functions()],
+            tool_choice=mode, reasoning=False).model_dump())), name)))
 
     def walk(a, b, key=None):
         if isinstance(a, dict) and a.get("type") == "grammar" and b.get("type") == "json_schema":
@@ -354,10 +372,6 @@ def test_a_renamed_grammar_is_its_source_with_only_the_markup_renamed(name, mode
             assert len(a) == len(b)
             for x, y in zip(a, b):
                 walk(x, y, key)
-        elif isinstance(a, str) and key in ("begin", "end", "triggers", "excludes"):
-            expected = re.sub("|".join(re.escape(old) for old in sorted(renamed, key=len, reverse=True)),
-                              lambda match: renamed[match.group(0)], b)
-            assert a == expected
         else:
             assert a == b, (key, a, b)
     walk(ours, theirs)

@@ -58,15 +58,15 @@ from typing import Any
 import jsonschema
 import pytest
 
-from vllm_allowed_tools.decode.argument_slots import object_schema
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.devtools.models.format_model import HARMONY_FORMATS
 from vllm_allowed_tools.formats import wire_format, wire_formats
 
 from support.calls import chat_selection
-from support.grammar_read import WrittenCall, python_calls, read_calls, xml_parameters
+from support.grammar_read import WrittenCall, python_calls, read_calls
 from support.grammar_reads import (
     ALLOWED,
+    ARGUMENT_SCHEMAS,
     CATALOG,
     SPELLINGS,
     WALKS,
@@ -76,6 +76,7 @@ from support.grammar_reads import (
     json_equal,
     streamed_calls,
     unary_calls,
+    written_values,
 )
 from support.grammar_walk import GrammarWalker, format_tokens, marker_texts
 from support.parsers import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
@@ -98,18 +99,6 @@ def _why(cause: str, minimal: str) -> str:
 #: (format, spelling) -> why the format's required grammar admits a string its parser misreads;
 #: strict: a pair that starts passing must be taken off
 XFAIL: dict[tuple[str, str], str] = {}
-
-# ------------------------------------------------------------------------------------- the catalog
-#: allowed name -> the arguments schema its grammar pins (every tool's own, strict or not:
-#: decode/argument_schemas.py)
-ARGUMENT_SCHEMAS = {name: object_schema(CATALOG[name][0]) for name in ALLOWED}
-
-#: the markup newlines a format's parser strips from an XML string value (one each side)
-XML_STRING_TRIM = {"qwen3_coder": "\n", "qwen3_xml": "\n", "seed_oss": "\n"}
-#: the XML style of formats whose call tag spells the parameters out itself (non-strict GLM)
-XML_STYLE = {"glm45": "glm_xml", "glm47": "glm_xml"}
-WS = " \n\r\t"
-
 
 def policy_request():
     """A ChatCompletionRequest as vLLM sees it after our middleware: required mode over ALLOWED,
@@ -153,24 +142,6 @@ def setup_for(family: str, tokenizer_for) -> Setup:
 
 
 # ------------------------------------------------------------------------- what the walk wrote
-def _trim(value: str, mark: str | None) -> str:
-    return value.removeprefix(mark).removesuffix(mark) if mark else value
-
-
-def xml_value(family: str, raw: str, prop: Any, strict: bool) -> Any:
-    trimmed = _trim(raw, XML_STRING_TRIM.get(family))
-    if not isinstance(prop, dict):
-        return trimmed
-    if not strict:
-        from vllm.tool_parsers.utils import coerce_to_schema_type, extract_types_from_schema
-        return coerce_to_schema_type(trimmed, extract_types_from_schema(prop))
-    if "enum" in prop:
-        return raw.strip(WS)
-    if prop.get("type") == "string":
-        return trimmed
-    return json.loads(raw.strip(WS))
-
-
 def written(setup: Setup, text: str) -> tuple[str, Any]:
     """(name, arguments) the walk wrote: exactly one call, as the tag reads it (Python calls, as
     ``ast`` reads them: the tag is one grammar node of them)."""
@@ -185,13 +156,7 @@ def written(setup: Setup, text: str) -> tuple[str, Any]:
         items = json.loads(call.arguments)
         assert isinstance(items, list) and len(items) == 1, items
         return items[0]["name"], items[0][wire_format(setup.family).grammar.arguments_key]
-    schema, strict = CATALOG[call.name]
-    style = XML_STYLE.get(setup.family, call.style) if call.style == "text" else call.style
-    if style == "json":
-        return call.name, json.loads(call.arguments)
-    properties = schema.get("properties", {})
-    return call.name, {key: xml_value(setup.family, raw, properties.get(key), strict)
-                       for key, raw in xml_parameters(call.arguments, style, call.schema)}
+    return written_values(setup.family, call)
 
 
 # ------------------------------------------------------------------------- what the server reads

@@ -1,15 +1,26 @@
-"""The JSON-array formats' ``auto`` grammars admit only what their parsers read as the calls written,
-every one allowed (decode/call_lists.py): random walks of each format's auto tag (the one the
-wrapper hands vLLM), read unary and streamed through vLLM's own parser, as
-``test_grammar_reads.py`` does for the required grammars.
+"""Every ``auto`` grammar admits only what its parser reads as the calls written, every one allowed:
+random walks of each format's auto tag (the one the wrapper hands vLLM), read unary and streamed
+through vLLM's own parser, as ``test_grammar_reads.py`` does for the required grammars.
 
-What a walk wrote is read without any tool parser: after the first trigger (Mistral's
-``[TOOL_CALLS]``, Granite's ``<|tool_call|>`` / ``<tool_call>``) the JSON array ``json`` reads
-there; for a format whose calls open the message (xLAM's JSON array, the pythonic formats' list),
-the whole text when it starts with ``[`` (``json.loads``; ``ast`` for Python calls); otherwise no
-call. The parser must read exactly those calls (none for text), each allowed, its arguments equal
-as JSON. Half the walks start with the format's opening, so every test sees calls (a floor: a walk
-set with no call proves nothing); the other half walk from the message's start, mostly text.
+The JSON-array formats (decode/call_lists.py): what a walk wrote is read without any tool parser:
+after the first trigger (Mistral's ``[TOOL_CALLS]``, Granite's ``<|tool_call|>`` / ``<tool_call>``)
+the JSON array ``json`` reads there; for a format whose calls open the message (xLAM's JSON array,
+the pythonic formats' list), the whole text when it starts with ``[`` (``json.loads``; ``ast`` for
+Python calls); otherwise no call. Half the walks start with the format's opening, so every test
+sees calls (a floor: a walk set with no call proves nothing); the other half walk from the
+message's start, mostly text.
+
+Every other format (free text, an allowed call after each trigger, text between and after the
+calls): what a walk wrote is what the tag's own structure reads (support/grammar_read.py
+``read_calls``), with and without parallel calls, half the walks starting with the trigger
+(a floor on the calls seen as above). The ``markup-in-values`` spelling writes the
+format's markers into the free text wherever the grammar admits them: a marker its parser reads
+in text (a stray ``<｜tool▁call▁begin｜>`` before DeepSeek's calls, an ``<invoke`` in MiniMax's text,
+a ``</tool_call>`` before Granite 4's) lost or made calls until the free text excluded them
+(decode/free_text.py).
+
+The parser must read exactly the calls written (none for text), each allowed, its arguments equal
+as JSON.
 """
 
 from __future__ import annotations
@@ -24,9 +35,10 @@ from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_
 from vllm_allowed_tools.formats import wire_format, wire_formats
 
 from support.calls import chat_selection
-from support.grammar_read import python_calls
+from support.grammar_read import python_calls, read_calls, tag_nodes
 from support.grammar_reads import (
     ALLOWED,
+    ARGUMENT_SCHEMAS,
     CATALOG,
     SPELLINGS,
     WALKS,
@@ -36,45 +48,73 @@ from support.grammar_reads import (
     json_equal,
     streamed_calls,
     unary_calls,
+    written_values,
 )
-from support.grammar_walk import GrammarWalker, format_tokens
+from support.grammar_walk import GrammarWalker, format_tokens, marker_texts
 from support.parsers import tokenizer_for  # noqa: F401 (a fixture: a tokenizer with the format's markers)
 
 
 @cache
-def auto_tag(family: str):
+def auto_tag(family: str, parallel: bool = False):
+    if wire_format(family).grammar.kind == "vllm":
+        import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony builder)
     functions = [AllowedFunction(name, CATALOG[name][0], CATALOG[name][1]) for name in ALLOWED]
-    return build_structural_tag(family, functions, "auto", parallel_tool_calls=False)
+    return build_structural_tag(family, functions, "auto", parallel_tool_calls=parallel)
 
 
 FORMATS = [entry.name for entry in wire_formats() if entry.grammar.kind == "json_array"
            and auto_tag(entry.name) is not None]
+#: the formats whose auto grammar is free text with calls after triggers (every other kind)
+TAG_FORMATS = [entry.name for entry in wire_formats() if entry.grammar.kind != "json_array"]
+#: (format, parallel) -> why its auto grammar admits a string its parser misreads; strict: a pair
+#: that starts passing must be taken off
+TAG_XFAIL: dict[tuple[str, bool], str] = {
+    **{(family, True): (
+        "vLLM's llama3_json parser reads every '{' of the output as the start of a call, and reads "
+        "no call at all once one is not; with parallel calls text may follow a call, and it may "
+        "hold a '{' (it cannot be kept out: the trigger '{\"name\": ' starts with one; before "
+        "the first call the wrapper reads past it). Minimal: "
+        "'{\"name\": \"search_docs\", \"parameters\": {\"query\":\"\"}}a{'")
+      for family in ("llama3_json", "llama4_json")},
+    **{("openai", parallel): (
+        "vLLM's harmony tag admits a final answer on the channel 'final json' "
+        "(<|channel|>final json<|message|>...), which the harmony parser reads as a call to a "
+        "tool named 'json' (refused: no tool of that name). Minimal: "
+        "'<|channel|>final json<|message|>a<|end|>'") for parallel in (False, True)},
+}
 
 
-def auto_request():
+def auto_request(parallel: bool = False):
     """A ChatCompletionRequest as vLLM sees it after our middleware: auto mode over ALLOWED."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     from vllm_allowed_tools.request.rewrite import rewrite_request
     body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "tools": chat_tools(),
-            "parallel_tool_calls": False, "tool_choice": chat_selection("auto", ALLOWED)}
+            "parallel_tool_calls": parallel, "tool_choice": chat_selection("auto", ALLOWED)}
     return ChatCompletionRequest(**rewrite_request(body, "chat").body)
 
 
-_SETUPS: dict[str, Setup] = {}
+_SETUPS: dict[tuple[str, bool], Setup] = {}
 
 
-def setup_for(family: str, tokenizer_for) -> Setup:
-    if family not in _SETUPS:
+def setup_for(family: str, tokenizer_for, parallel: bool = False) -> Setup:
+    if (family, parallel) not in _SETUPS:
         from vllm.parser.parser_manager import ParserManager
-        tag = auto_tag(family)
+
+        from vllm_allowed_tools.devtools.models.format_model import HARMONY_FORMATS
+        tag = auto_tag(family, parallel)
         tokenizer = tokenizer_for(family)
-        parser_cls = ParserManager.get_parser(tool_parser_name=f"allowed_{family}", enable_auto_tools=True)
-        request = parser_cls(tokenizer, auto_request().tools).adjust_request(auto_request())
-        walker = GrammarWalker(tag, [*format_tokens(family, tag), "```"])
-        _SETUPS[family] = Setup(family, tag.model_dump(), walker, parser_cls, tokenizer, request,
-                                tokenizer.eos_token_id, {})
-    return _SETUPS[family]
+        harmony = family in HARMONY_FORMATS
+        parser_cls = ParserManager.get_parser(tool_parser_name=f"allowed_{family}", enable_auto_tools=True,
+                                              is_harmony=harmony)
+        request = parser_cls(tokenizer, auto_request(parallel).tools).adjust_request(auto_request(parallel))
+        # the walk reads a marker token's id as its text (the tag's ids are the model's vocabulary's)
+        walker = GrammarWalker(tag, [*format_tokens(family, tag), "```"],
+                               token_texts=marker_texts(family))
+        stop_id = tokenizer.convert_tokens_to_ids("<|call|>") if harmony else tokenizer.eos_token_id
+        _SETUPS[(family, parallel)] = Setup(family, json.loads(walker.tag_json), walker, parser_cls,
+                                            tokenizer, request, stop_id, {})
+    return _SETUPS[(family, parallel)]
 
 
 def opening(family: str) -> str:
@@ -111,8 +151,14 @@ def differs(read: list[tuple[str, str]], expected: list[tuple[str, dict]]) -> st
     return None
 
 
+def tag_calls(setup: Setup, text: str) -> list[tuple[str, dict]]:
+    """The calls a walk of a tag format's auto grammar wrote, as the tag's structure reads them."""
+    return [written_values(setup.family, call) for call in read_calls(setup.tag, text, ARGUMENT_SCHEMAS)]
+
+
 def problem(setup: Setup, tokens: tuple[str, ...], seed: int) -> str | None:
-    expected = written_calls(setup.family, "".join(tokens))
+    expected = written_calls(setup.family, "".join(tokens)) if setup.family in FORMATS else \
+        tag_calls(setup, "".join(tokens))
     calls, content = unary_calls(setup, tokens)
     wrong = differs(calls, expected)
     if wrong:
@@ -142,6 +188,38 @@ def test_every_string_the_auto_grammar_admits_reads_back_as_its_allowed_calls(to
             pytest.fail(f"{family} ({spelling}): the auto grammar admits {''.join(smallest)!r}; "
                         f"{problem(setup, smallest, seed)}\n  (the walk: {''.join(tokens)!r})")
     assert with_calls >= walks // 2, f"{family}: only {with_calls} of {walks} walks wrote a call"
+
+
+def _tag_params():
+    for family in TAG_FORMATS:
+        for parallel in (False, True):
+            reason = TAG_XFAIL.get((family, parallel))
+            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+            yield pytest.param(family, parallel, marks=marks,
+                               id=f"{family}-{'parallel' if parallel else 'one-call'}")
+
+
+@pytest.mark.parametrize("family,parallel", list(_tag_params()))
+def test_every_string_a_tag_formats_auto_grammar_admits_reads_back_as_its_calls(tokenizer_for, family,
+                                                                                parallel):
+    setup = setup_for(family, tokenizer_for, parallel)
+    walks, with_calls = max(WALKS // 4, 10), 0
+    triggers = [trigger for node in tag_nodes(setup.tag) if node.get("type") == "triggered_tags"
+                for trigger in node["triggers"]]
+    for spelling in SPELLINGS:
+        rng = random.Random(f"auto/{family}/{spelling}/{parallel}")
+        for number in range(walks):
+            seed = rng.randrange(2 ** 32)
+            prefix = (triggers[0],) if triggers and number % 2 == 0 else ()
+            tokens = setup.walker.walk_tokens(random.Random(seed), prefix=prefix, **SPELLINGS[spelling])
+            with_calls += bool(tag_calls(setup, "".join(tokens)))
+            found = problem(setup, tokens, seed)
+            if found is not None:
+                smallest = setup.walker.shrink(tokens, lambda c, s=seed: _fails(setup, c, s))
+                pytest.fail(f"{family} ({spelling}, parallel {parallel}): the auto grammar admits "
+                            f"{''.join(smallest)!r}; {problem(setup, smallest, seed)}\n"
+                            f"  (the walk: {''.join(tokens)!r})")
+    assert with_calls >= walks, f"{family}: only {with_calls} of {3 * walks} walks wrote a call"
 
 
 def _fails(setup: Setup, tokens: tuple[str, ...], seed: int) -> bool:

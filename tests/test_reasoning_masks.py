@@ -158,11 +158,15 @@ def test_a_reasoning_row_is_left_alone_beside_masked_rows_and_moves_with_its_sta
 
 
 def test_a_reasoning_row_of_an_auto_turn_keeps_free_text_after_the_end(tokenizer, grammars, gate):
+    """After the reasoning, an auto turn's free text: every token but the format's markers
+    (hermes: ``</tool_call>``, which its parser would read; decode/free_text.py)."""
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
     batch = MaskedBatch(grammars, vocab, max_rows=1, reasoning=gate)
     output = _ids(tokenizer, "<think>\nok\n</think>\n\nSure, ")
     batch.add(0, _grammar(mode="auto"), output, [eos], _ids(tokenizer, PROMPT))
-    assert _allowed(batch, 0, vocab) is None and not batch.rows[0].failed
+    allowed = _allowed(batch, 0, vocab)
+    refused = {tokenizer.decode([t]) for t in set(range(vocab)) - set(allowed or ())}
+    assert allowed is not None and refused == {"</tool_call>"} and not batch.rows[0].failed, refused
     output += _ids(tokenizer, '<tool_call>\n{"name": "tool_')
     assert {tokenizer.decode([t]) for t in _allowed(batch, 0, vocab)} <= {"1", "1\""}
 

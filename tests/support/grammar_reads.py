@@ -5,12 +5,16 @@ serving-side parser, unary and streamed in chunkings."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass
 from typing import Any
 
 
+from vllm_allowed_tools.decode.argument_slots import object_schema
+
+from support.grammar_read import WrittenCall, xml_parameters
 from support.grammar_walk import GrammarWalker
 
 WALKS = int(os.environ.get("VLLM_ALLOWED_TOOLS_WALKS", "100"))
@@ -38,6 +42,11 @@ EMAIL = {"type": "object", "properties": {"to": {"type": "string"}, "body": {"ty
 CATALOG = {"get_weather": (WEATHER, True), "search_docs": (SEARCH, False),
            "delete_note": (NOTE, True), "send_email": (EMAIL, False)}
 ALLOWED = ["get_weather", "search_docs"]
+
+
+#: allowed name -> the arguments schema its grammar pins (every tool's own, strict or not:
+#: decode/argument_schemas.py)
+ARGUMENT_SCHEMAS = {name: object_schema(CATALOG[name][0]) for name in ALLOWED}
 
 
 def chat_tools() -> list[dict[str, Any]]:
@@ -74,6 +83,48 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
     return type(a) is type(b) and a == b
+
+
+# ------------------------------------------------------------------------- what the walk wrote
+#: the markup newlines a format's parser strips from an XML string value (one each side)
+XML_STRING_TRIM = {"qwen3_coder": "\n", "qwen3_xml": "\n", "seed_oss": "\n"}
+#: the XML style of formats whose call tag spells the parameters out itself (non-strict GLM)
+XML_STYLE = {"glm45": "glm_xml", "glm47": "glm_xml"}
+WS = " \n\r\t"
+
+
+def _trim(value: str, mark: str | None) -> str:
+    return value.removeprefix(mark).removesuffix(mark) if mark else value
+
+
+def xml_value(family: str, raw: str, prop: Any, strict: bool) -> Any:
+    trimmed = _trim(raw, XML_STRING_TRIM.get(family))
+    if not isinstance(prop, dict):
+        return trimmed
+    if not strict:
+        from vllm.tool_parsers.utils import coerce_to_schema_type, extract_types_from_schema
+        return coerce_to_schema_type(trimmed, extract_types_from_schema(prop))
+    if "enum" in prop:
+        return raw.strip(WS)
+    if prop.get("type") == "string":
+        return trimmed
+    return json.loads(raw.strip(WS))
+
+
+def written_values(family: str, call: WrittenCall) -> tuple[str, Any]:
+    """(name, arguments) one call tag of a walk wrote (:func:`~support.grammar_read.read_calls`),
+    its arguments as the format's parser should read them: JSON as ``json`` reads it; XML
+    parameters, for a strict tool, the value the grammar pins (a string property's raw text, less
+    the markup newlines the parser strips; an enum value, number, boolean or object without the
+    whitespace the grammar frames it with), for a non-strict one the raw text converted as vLLM's
+    engine converts it."""
+    schema, strict = CATALOG[call.name]
+    style = XML_STYLE.get(family, call.style) if call.style == "text" else call.style
+    if style == "json":
+        return call.name, json.loads(call.arguments)
+    properties = schema.get("properties", {})
+    return call.name, {key: xml_value(family, raw, properties.get(key), strict)
+                       for key, raw in xml_parameters(call.arguments, style, call.schema)}
 
 
 # ------------------------------------------------------------------------- what the server reads

@@ -56,10 +56,10 @@ def format_markers(wire_format_name: str) -> tuple[str, ...]:
                                 *(piece for text in shapes for piece in _MARKUP_PIECE.findall(text)))))
 
 
-def _tag_markers(node: Any) -> list[str]:
+def tag_markers(node: Any) -> list[str]:
     """The markup pieces of every begin/end/trigger/constant string in a dumped tag."""
     if isinstance(node, list):
-        return [piece for item in node for piece in _tag_markers(item)]
+        return [piece for item in node for piece in tag_markers(item)]
     if not isinstance(node, dict):
         return []
     found = []
@@ -68,7 +68,7 @@ def _tag_markers(node: Any) -> list[str]:
         if key in ("begin", "end", "triggers") or (key == "value" and node.get("type") == "const_string"):
             found += [piece for text in texts if isinstance(text, str) for piece in _MARKUP_PIECE.findall(text)]
         elif isinstance(value, (dict, list)):
-            found += _tag_markers(value)
+            found += tag_markers(value)
     return found
 
 
@@ -83,7 +83,7 @@ def with_object_arguments(tag: StructuralTag, *, one_line: bool, markers: Sequen
     string for the marker), no lone surrogate escape, finite numbers. A ``star`` of GLM parameters
     (vLLM's tag for a non-strict tool) admits each key once (:func:`_each_key_once`)."""
     dumped = tag.model_dump()
-    forbidden = tuple(dict.fromkeys((*markers, *_tag_markers(dumped))))
+    forbidden = tuple(dict.fromkeys((*markers, *tag_markers(dumped))))
 
     def visit(node: Any, markup: tuple[str, ...]) -> Any:
         if isinstance(node, list):
@@ -168,6 +168,17 @@ _XML_VALUE_FRAMES: Mapping[str, tuple[str, str, str, tuple[str, ...]]] = {
     "minimax_xml": ('"\\">"', '"</parameter>"', "", ("<parameter name=", "</invoke>")),
     "glm_xml": ('"<arg_value>"', '"</arg_value>"', "", ("<arg_key>", "</arg_key>", "<arg_value>")),
 }
+
+
+def xml_value_markup(style: str) -> tuple[str, ...]:
+    """The markup an XML argument ``style`` writes around a value that its parser finds inside a
+    call (``<parameter=``, ``</parameter>``, ...); none for another style."""
+    if style not in _XML_VALUE_FRAMES:
+        return ()
+    _, closing, _, inner = _XML_VALUE_FRAMES[style]
+    return (*inner, json.loads(closing))
+
+
 _WHITESPACE_RUN = "[ \\n\\r\\t]*"
 _FREE_WHITESPACE = r'(?:\[ \\n\\r\\t\]\*|whitespace_\d+\{0, ?\d+\})'
 _STRING_EXCLUDES = re.compile(r'excludes=\(("(?:[^"\\]|\\.)*"(?:, *"(?:[^"\\]|\\.)*")*)\)')

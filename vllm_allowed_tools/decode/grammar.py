@@ -35,6 +35,7 @@ from .argument_slots import (
 from .argument_schemas import every_tool_held, held_to_schema
 from .call_lists import list_turn
 from .custom_inputs import marked, with_custom_inputs
+from .free_text import with_unmarked_free_text
 from .lru import LRU as _LRU
 from .marker_tokens import with_marker_tokens
 from .safe_json import safe_json_ebnf
@@ -240,6 +241,7 @@ def build_structural_tag(wire_format_name: str, functions: Sequence[AllowedFunct
         return tag
     if spec.kind == "json_array":   # a JSON array's calls are typed above
         return _safe_call_array(tag, wire_format_name) if tag.format.type == "json_schema" else tag
+    tag = with_unmarked_free_text(tag, wire_format_name)   # before: it reads XML argument styles
     tag = with_object_arguments(tag, one_line=spec.arguments_on_one_line,
                                 markers=format_markers(wire_format_name))
     return with_marker_tokens(tag, dict(spec.marker_tokens))   # after: it reads ends as text

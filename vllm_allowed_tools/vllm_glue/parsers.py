@@ -31,6 +31,7 @@ from .call_arrays import (
     without_client_formats,
 )
 from .capabilities import active_constraint_stage
+from .markup_reads import log_unread_markup, reread_calls
 from .stream_calls import ReleasedStream, UnaryStream, call_start, with_calls
 from .turn_grammar import (
     function_tools,
@@ -234,9 +235,10 @@ class AllowedToolsMixin:
 
     def _parse_without_markup(self, model_output: str, request,
                               allowlist: WireAllowlist) -> ExtractedToolCallInformation:
-        """The base parse with no call markup in its text. When no call parsed but one started (a
-        call cut off by the token limit), the calls before the last start are parsed on their own,
-        so complete calls survive a cut-off one after them.
+        """The base parse with no call markup in its text, its calls read from the first call
+        trigger on (text before it the base parser misreads neither hides nor makes calls), and
+        where none parsed but one started, the calls before the last start (complete calls survive
+        a cut-off one after them): :func:`.markup_reads.reread_calls`.
 
         ``tools_called`` is True whenever the output held call markup, even when no call is left
         (cut off, or refused below): vLLM's serving layer (``DelegatingParser._extract_tool_calls``)
@@ -245,13 +247,9 @@ class AllowedToolsMixin:
         """
         info = read_required_array(model_output) if self._reads_the_array(allowlist) else \
             super().extract_tool_calls(model_output, request)
-        if not info.tools_called:
-            triggers = self._call_triggers()
-            last = max((model_output.rfind(trigger) for trigger in triggers), default=-1)
-            if last > 0 and call_start(model_output[:last], triggers) is not None:
-                earlier = super().extract_tool_calls(model_output[:last], request)
-                if earlier.tools_called:
-                    info = earlier
+        if not self._reads_the_array(allowlist):
+            info = reread_calls(lambda text: super(AllowedToolsMixin, self).extract_tool_calls(text, request),
+                                model_output, self._call_triggers(), info)
         content = self._text_before_calls(info.content, model_output, allowlist)
         markup = bool(model_output.strip()) if self._all_call(allowlist) else \
             call_start(model_output, self._call_triggers()) is not None
@@ -272,6 +270,7 @@ class AllowedToolsMixin:
             return super().extract_tool_calls(model_output, request)
         info = self._parse_without_markup(model_output, request, allowlist)
         if not info.tool_calls:
+            log_unread_markup(wire_format(self.allowed_tools_base_parser), model_output, info)
             return info
         kept = [call for call in info.tool_calls if allowlist.is_allowed(call.function.name)]
         dropped = [call.function.name for call in info.tool_calls if call not in kept]
@@ -352,6 +351,7 @@ class AllowedToolsMixin:
         if stream is not None:
             info = self._unary_twin()._parse_without_markup(stream.text, request, allowlist)
             delta = with_calls(delta, stream.new_calls(info.tool_calls))
+            log_unread_markup(wire_format(self.allowed_tools_base_parser), stream.text, info)
         return self._filter_stream(delta, current_text, allowlist, final=True)
 
     def _filter_stream(self, delta: DeltaMessage | None, current_text: str, allowlist: WireAllowlist,
