@@ -49,16 +49,17 @@ def nudges(family: str) -> dict[str, float]:
 #: opens calls its parser reads: the auto trigger is one of the markers ``nudges`` writes as its one
 #: token. An unpushed auto test holds a floor on the calls it sees there (``unpushed_floor``).
 #: Measured with those tests' requests, seeds 0-7 (both stages where served): a call on every seed.
-#: Elsewhere only the pushed test (``assert_auto_pushed_calls_only_allowed``) can hold one:
-#:
-#: * no marker opens an auto call (hermes, qwen3_coder, llama3_json, pythonic, llama4_pythonic,
-#:   granite4, seed_oss, phi4_mini_json, xlam, longcat): no call in 8 to 12 seeds (granite4,
-#:   phi4_mini_json: one); the random model's next token is near uniform (a one-token trigger
-#:   about 0.08% a step);
-#: * DeepSeek V3 and V3.1 open a call on most seeds, but after free text holding other DeepSeek
-#:   markers, and the served parser then reads no call (vLLM's DeepSeek pattern matches from a
-#:   stray ``<｜tool▁call▁begin｜>``): 1 and 2 calls in 8 seeds.
-CALLS_UNPUSHED = frozenset({"kimi_k2", "glm47", "minimax_m2", "granite", "mistral"})
+#: DeepSeek V3 and V3.1 opened a call on most seeds too, but after free text holding other DeepSeek
+#: markers, which the served parser then read as no call (1 and 2 calls in 8 seeds); since the auto
+#: grammar keeps every marker but the trigger out of the text (decode/free_text.py), the trigger is
+#: the one nudged marker left, and they call on 8 of 8 seeds (allowed_tools auto and plain auto on
+#: Responses, allowed_tools auto on Chat; both stages). Elsewhere no marker opens an auto call
+#: (hermes, qwen3_coder, llama3_json, pythonic, llama4_pythonic, granite4, seed_oss, phi4_mini_json,
+#: xlam, longcat): no call in 8 to 12 seeds (granite4, phi4_mini_json: one); the random model's next
+#: token is near uniform (a one-token trigger about 0.08% a step), and only the pushed test
+#: (``assert_auto_pushed_calls_only_allowed``) can hold a floor.
+CALLS_UNPUSHED = frozenset({"kimi_k2", "glm47", "minimax_m2", "granite", "mistral", "deepseek_v3",
+                            "deepseek_v31"})
 
 
 def unpushed_floor(family: str) -> int:
