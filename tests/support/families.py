@@ -53,13 +53,15 @@ def nudges(family: str) -> dict[str, float]:
 #: markers, which the served parser then read as no call (1 and 2 calls in 8 seeds); since the auto
 #: grammar keeps every marker but the trigger out of the text (decode/free_text.py), the trigger is
 #: the one nudged marker left, and they call on 8 of 8 seeds (allowed_tools auto and plain auto on
-#: Responses, allowed_tools auto on Chat; both stages). Elsewhere no marker opens an auto call
-#: (hermes, qwen3_coder, llama3_json, pythonic, llama4_pythonic, granite4, seed_oss, phi4_mini_json,
+#: Responses, allowed_tools auto on Chat; both stages). Seed-OSS likewise since its trigger is
+#: ``<seed:tool_call>`` (a nudged marker; it was ``<seed:tool_call>\n<function=``) and its other
+#: markers are out of the text: 8 of 8, the same requests, both stages. Elsewhere no marker opens an
+#: auto call (hermes, qwen3_coder, llama3_json, pythonic, llama4_pythonic, granite4, phi4_mini_json,
 #: xlam, longcat): no call in 8 to 12 seeds (granite4, phi4_mini_json: one); the random model's next
 #: token is near uniform (a one-token trigger about 0.08% a step), and only the pushed test
 #: (``assert_auto_pushed_calls_only_allowed``) can hold a floor.
 CALLS_UNPUSHED = frozenset({"kimi_k2", "glm47", "minimax_m2", "granite", "mistral", "deepseek_v3",
-                            "deepseek_v31"})
+                            "deepseek_v31", "seed_oss"})
 
 
 def unpushed_floor(family: str) -> int:
