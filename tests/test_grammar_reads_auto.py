@@ -176,18 +176,29 @@ def problem(setup: Setup, tokens: tuple[str, ...], seed: int) -> str | None:
 def test_every_string_the_auto_grammar_admits_reads_back_as_its_allowed_calls(tokenizer_for, family,
                                                                                spelling):
     setup = setup_for(family, tokenizer_for)
-    rng, walks, with_calls = random.Random(f"auto/{family}/{spelling}"), max(WALKS // 2, 10), 0
+    walks = max(WALKS // 2, 10)
+    with_calls = _walk_and_read_back(setup, f"auto/{family}/{spelling}", walks, spelling,
+                                     opening(family), lambda text: written_calls(family, text),
+                                     label=f"{family} ({spelling})")
+    assert with_calls >= walks // 2, f"{family}: only {with_calls} of {walks} walks wrote a call"
+
+
+def _walk_and_read_back(setup: Setup, name: str, walks: int, spelling: str, opening_text: str | None,
+                        calls_of, *, label: str) -> int:
+    """``walks`` random walks of the setup's auto grammar (every other one opening with
+    ``opening_text``), each read back unary and streamed; the first that reads back wrong fails the
+    test, shrunk; how many wrote a call (``calls_of``)."""
+    rng, with_calls = random.Random(name), 0
     for number in range(walks):
         seed = rng.randrange(2 ** 32)
-        prefix = (opening(family),) if number % 2 == 0 else ()
+        prefix = (opening_text,) if opening_text and number % 2 == 0 else ()
         tokens = setup.walker.walk_tokens(random.Random(seed), prefix=prefix, **SPELLINGS[spelling])
-        with_calls += bool(written_calls(family, "".join(tokens)))
-        found = problem(setup, tokens, seed)
-        if found is not None:
+        with_calls += bool(calls_of("".join(tokens)))
+        if problem(setup, tokens, seed) is not None:
             smallest = setup.walker.shrink(tokens, lambda c, s=seed: _fails(setup, c, s))
-            pytest.fail(f"{family} ({spelling}): the auto grammar admits {''.join(smallest)!r}; "
+            pytest.fail(f"{label}: the auto grammar admits {''.join(smallest)!r}; "
                         f"{problem(setup, smallest, seed)}\n  (the walk: {''.join(tokens)!r})")
-    assert with_calls >= walks // 2, f"{family}: only {with_calls} of {walks} walks wrote a call"
+    return with_calls
 
 
 def _tag_params():
@@ -207,19 +218,12 @@ def test_every_string_a_tag_formats_auto_grammar_admits_reads_back_as_its_calls(
     triggers = [trigger for node in tag_nodes(setup.tag) if node.get("type") == "triggered_tags"
                 for trigger in node["triggers"]]
     for spelling in SPELLINGS:
-        rng = random.Random(f"auto/{family}/{spelling}/{parallel}")
-        for number in range(walks):
-            seed = rng.randrange(2 ** 32)
-            prefix = (triggers[0],) if triggers and number % 2 == 0 else ()
-            tokens = setup.walker.walk_tokens(random.Random(seed), prefix=prefix, **SPELLINGS[spelling])
-            with_calls += bool(tag_calls(setup, "".join(tokens)))
-            found = problem(setup, tokens, seed)
-            if found is not None:
-                smallest = setup.walker.shrink(tokens, lambda c, s=seed: _fails(setup, c, s))
-                pytest.fail(f"{family} ({spelling}, parallel {parallel}): the auto grammar admits "
-                            f"{''.join(smallest)!r}; {problem(setup, smallest, seed)}\n"
-                            f"  (the walk: {''.join(tokens)!r})")
-    assert with_calls >= walks, f"{family}: only {with_calls} of {3 * walks} walks wrote a call"
+        with_calls += _walk_and_read_back(setup, f"auto/{family}/{spelling}/{parallel}", walks,
+                                          spelling, triggers[0] if triggers else None,
+                                          lambda text: tag_calls(setup, text),
+                                          label=f"{family} ({spelling}, parallel {parallel})")
+    assert with_calls >= walks, \
+        f"{family}: only {with_calls} of {len(SPELLINGS) * walks} walks wrote a call"
 
 
 def _fails(setup: Setup, tokens: tuple[str, ...], seed: int) -> bool:

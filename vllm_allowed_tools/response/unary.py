@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..arguments import ArgumentsRejected, parse_arguments_object
 from ..metrics import record_violation
 from ..request import flat_name
 from .call_names import chat_call_identity, item_identity
@@ -162,8 +163,11 @@ def mark_cut_choice(body: Any, contract: OutputContract = NAMES_ONLY) -> bool:
 
 
 def _not_an_object(arguments: Any) -> bool:
-    refused = OutputContract().arguments_refusal(None, arguments)
-    return refused is not None and refused.reason == ARGUMENTS_NOT_OBJECT
+    try:
+        parse_arguments_object(arguments)
+    except ArgumentsRejected:
+        return True
+    return False
 
 
 def check_chat_completion(body: Mapping[str, Any], call_filter: CallFilter, *,
