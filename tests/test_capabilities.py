@@ -7,11 +7,8 @@ import pytest
 from vllm_allowed_tools.errors import CapabilityError
 from vllm_allowed_tools.launch import LaunchArgs
 from vllm_allowed_tools.settings import Settings
-from vllm_allowed_tools.vllm_glue.capabilities import (
-    ServerCapabilities,
-    backend_compiles_json_schema,
-    check_server_args,
-)
+from vllm_allowed_tools.decode.outlines_schemas import backend_compiles_json_schema
+from vllm_allowed_tools.vllm_glue.capabilities import ServerCapabilities, check_server_args
 
 BASE = ["vllm", "serve", "m", "--tool-call-parser", "allowed_hermes"]
 
