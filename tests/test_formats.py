@@ -173,7 +173,7 @@ def as_objects(name: str, tag, mode: str):
     ending at the call token, a required turn's preamble bounded, markers as tokens."""
     spec = wire_format(name).grammar
     if spec.kind == "vllm":
-        from vllm_allowed_tools.server_tools.recipients import bound_preambles, preamble_bound
+        from vllm_allowed_tools.decode.server_recipients import bound_preambles, preamble_bound
         from vllm_allowed_tools.vllm_glue.vllm_tags import as_served
         tag = as_served(spec.vllm_model, tag)
         if spec.vllm_model == "harmony":

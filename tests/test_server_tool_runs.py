@@ -275,7 +275,7 @@ def test_every_call_of_a_server_side_turn_ends_with_call(harmony_matcher, mode, 
     import vllm.parser.harmony  # noqa: F401 - registers vLLM's harmony tag, as serving does
 
     from vllm_allowed_tools.decode.grammar import AllowedFunction, turn_tag
-    from vllm_allowed_tools.server_tools.recipients import with_server_calls
+    from vllm_allowed_tools.decode.server_recipients import with_server_calls
     function_tag = turn_tag("openai", [AllowedFunction("get_weather", {
         "type": "object", "properties": {"city": {"enum": ["Paris"]}}, "required": ["city"]})],
         catalog_digest="c", allowlist_digest=f"a-{mode}", mode=mode, parallel_tool_calls=False,

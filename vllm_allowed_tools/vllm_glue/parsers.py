@@ -96,9 +96,9 @@ class AllowedToolsMixin:
 
     def _server_tools_tag(self, request, allowlist: WireAllowlist, strict_level):
         """Harmony with server-side tools: the allowed functions' tag and the allowed
-        server-side recipients (:mod:`..decode.server_tools`)."""
+        server-side recipients (:mod:`..decode.server_recipients`)."""
         from ..settings import current
-        from ..server_tools.recipients import with_server_calls
+        from ..decode.server_recipients import with_server_calls
         from .server_tool_hook import tool_schemas
         from ..server_tools.server_turn import registered
 

@@ -17,7 +17,7 @@ from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
 from xgrammar.structural_tag import JSONSchemaFormat, TagFormat
 
 from ..decode.grammar import STRICT_PARAMETER, AllowedFunction
-from ..server_tools.recipients import bound_preambles, preamble_bound
+from ..decode.server_recipients import bound_preambles, preamble_bound
 
 
 def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: str, parallel: bool,

@@ -31,7 +31,7 @@ from xgrammar.structural_tag import (
     TagFormat,
 )
 
-from ..decode.marker_tokens import with_marker_tokens
+from .marker_tokens import with_marker_tokens
 
 #: the tools vLLM's browser dispatches (``browser.<name>``)
 BROWSER_TOOLS = ("search", "open", "find")
