@@ -89,7 +89,7 @@ def test_plain_requests_hand_vllm_a_held_copy_and_leave_the_clients_request_alon
     pytest.importorskip("vllm")
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
-    from vllm_allowed_tools.vllm_glue.turn_grammar import tools_held_to_schema
+    from vllm_allowed_tools.vllm_glue.turn_read import tools_held_to_schema
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[
         {"type": "function", "function": {"name": DENSITY.name, "parameters": DENSITY.parameters}},
         {"type": "function", "function": {"name": BROKEN.name, "parameters": BROKEN.parameters}}],

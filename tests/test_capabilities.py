@@ -396,27 +396,24 @@ def test_a_schema_stays_native_only_on_an_outlines_server(monkeypatch):
     from vllm_allowed_tools.vllm_glue import capabilities
     schema = _tool_array(ENUM)
     monkeypatch.setattr(capabilities, "_ACTIVE", ServerCapabilities("logits-processor", "outlines"))
-    assert capabilities.json_schema_stays_native(schema)
-    assert not capabilities.json_schema_stays_native({"type": "integer", "maximum": 3})
+    backend = capabilities.json_schema_backend()
+    assert backend_compiles_json_schema(backend, schema)
+    assert not backend_compiles_json_schema(backend, {"type": "integer", "maximum": 3})
     monkeypatch.setattr(capabilities, "_ACTIVE", ServerCapabilities("logits-processor"))
-    assert not capabilities.json_schema_stays_native(schema)
+    assert not backend_compiles_json_schema(capabilities.json_schema_backend(), schema)
 
 
-def test_the_parser_leaves_a_native_json_schema_and_moves_the_rest(monkeypatch):
+def test_the_turns_grammar_leaves_a_native_json_schema_and_moves_the_rest():
     """The one place that moves grammars to our processor reads the decision above."""
     import json
-    from types import SimpleNamespace
 
-    from vllm.sampling_params import StructuredOutputsParams
-
-    from vllm_allowed_tools.wire import XARGS_TAG
-    from vllm_allowed_tools.vllm_glue import capabilities, turn_grammar
+    from vllm_allowed_tools.decode.turn_grammar import Outputs, TurnRead, Wrapper, decide_turn
+    from vllm_allowed_tools.wire import XARGS_TAG, WireAllowlist
     schema = _tool_array(ENUM)
-    for active, moved in ((ServerCapabilities("logits-processor", "outlines"), False),
-                          (ServerCapabilities("logits-processor"), True)):
-        monkeypatch.setattr(capabilities, "_ACTIVE", active)
-        request = SimpleNamespace(structured_outputs=StructuredOutputsParams(json=json.dumps(schema)),
-                                  vllm_xargs=None)
-        turn_grammar.hand_grammar_to_logits_processor(request, "pythonic", None)
-        assert (request.structured_outputs is None) is moved
-        assert (XARGS_TAG in (request.vllm_xargs or {})) is moved
+    allowlist = WireAllowlist(mode="auto", allowed=frozenset(), catalog=frozenset(),
+                              parallel_tool_calls=True, catalog_digest="c", allowlist_digest="a")
+    for backend, moved in (("outlines", False), (None, True)):
+        wrapper = Wrapper("pythonic", None, stage="logits-processor", json_schema_backend=backend)
+        grammar = decide_turn(TurnRead(wrapper, allowlist, outputs=Outputs(json=json.dumps(schema))))
+        assert (grammar.rewrites_outputs and grammar.outputs is None) is moved
+        assert (XARGS_TAG in grammar.xargs) is moved

@@ -284,9 +284,6 @@ TOOL_CHOICE_READS = {
         "the client's own choice, kept as sent to be echoed back (echo_of, restore_echo)",
     ("response/openai_extensions.py", 'response.get("tool_choice")'):
         "a Responses object's echo of the choice, reshaped for the conformance check: an answer",
-    ("vllm_glue/parsers.py", "request.tool_choice"):
-        "the mode the middleware itself wrote (TurnAllowlist.internal_tool_choice), read back to "
-        "hand vLLM's JSON-array reader an auto turn",
 }
 
 

@@ -91,7 +91,7 @@ FORMATS = [entry.name for entry in wire_formats()]
 # GLM's repeated keys are not admitted, decode/safe_json.py, JSON-array formats' arrays too;
 # harmony's markers are admitted only as their tokens, decode/marker_tokens.py; granite's required
 # turns are read by the wrapper, not by vLLM's JSON-array reader, which an engine-based parser's
-# stream starves, vllm_glue/parsers.py _read_calls_with_the_parser.)
+# stream starves, vllm_glue/parsers.py _reads_required_itself.)
 def _why(cause: str, minimal: str) -> str:
     return f"{cause}. Minimal: {minimal}"
 

@@ -284,13 +284,16 @@ def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call()
     """Each preamble message (analysis, commentary) holds at most half of what the budget has
     left after the shortest call and the messages' markup; a large budget keeps the configured
     bound; the call's own grammar is untouched."""
-    from types import SimpleNamespace
-
     import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony tag builder)
 
     from vllm_allowed_tools.decode.call_budget import shortest_call_text
+    from vllm_allowed_tools.decode.turn_grammar import (
+        HARMONY_PREAMBLE_MARKUP,
+        TurnRead,
+        Wrapper,
+        preambles_within_budget,
+    )
     from vllm_allowed_tools.vllm_glue.plugin import register
-    from vllm_allowed_tools.vllm_glue.turn_grammar import HARMONY_PREAMBLE_MARKUP, preambles_within_budget
     from vllm_allowed_tools.wire import WireAllowlist
 
     register()
@@ -301,11 +304,12 @@ def test_a_harmony_required_turns_preamble_leaves_its_budget_room_for_the_call()
     assert '{"order_id":""}' in pieces and 200008 in pieces       # the arguments and the markers sized
 
     def bounds(max_tokens, mode="required"):
-        parser = SimpleNamespace(structural_tag_model="harmony", model_tokenizer=None)
-        request = SimpleNamespace(max_tokens=max_tokens, tools=[
-            {"type": "function", "function": {"name": "lookup_order", "parameters": schema}}])
-        allowlist = SimpleNamespace(mode=mode)
-        out = json.dumps(preambles_within_budget(parser, tag, request, allowlist).model_dump())
+        allowlist = WireAllowlist(mode=mode, allowed=frozenset({"lookup_order"}),
+                                  catalog=frozenset({"lookup_order"}), parallel_tool_calls=False,
+                                  catalog_digest="c", allowlist_digest="a")
+        turn = TurnRead(Wrapper("openai", "harmony"), allowlist,
+                        catalog=(AllowedFunction("lookup_order", schema),), max_tokens=max_tokens)
+        out = json.dumps(preambles_within_budget(turn, tag).model_dump())
         return sorted(int(v) for v in __import__("re").findall(r'"max_tokens": (\d+)', out))
 
     assert bounds(None) == bounds(100_000) == [2048, 2048]

@@ -118,7 +118,7 @@ def test_granites_required_array_streams_its_call(glue, size):
     """granite's base parser is engine-based and leaves required turns to vLLM's JSON-array reader,
     which a DelegatingParser over an engine-based parser hands each delta alone: no call streamed.
     Under a policy the request, adjusted as the server adjusts it, is read by the wrapper
-    (vllm_glue/parsers.py _read_calls_with_the_parser); a plain request keeps vLLM's path."""
+    (vllm_glue/parsers.py _reads_required_itself); a plain request keeps vLLM's path."""
     tokenizer = glue("allowed_granite")
     request, plain = policy_request("required", ["get_ticket"], TWO_TOOLS)
     request = served(tokenizer, "allowed_granite", request).adjust_request(request)

@@ -3,7 +3,8 @@
 A server whose structured-output backend cannot compile structural tags (outlines) serves them on
 our logits processor; a required turn of a JSON-array format is a plain JSON schema, which outlines
 does compile, and such a schema stays on vLLM's native path when outlines enforces every keyword of
-it (docs/decode-path.md, "Backends without structural tags"). No vLLM import.
+it (docs/decode-path.md, "Backends without structural tags"): the turn's grammar
+(:mod:`.turn_grammar`) asks here, with the backend the server kept for JSON schemas. No vLLM import.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..decode.outlines_schemas import backend_compiles_json_schema
 from ..decode.stage import choose_stage
 from ..errors import CapabilityError
 from ..settings import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, Settings, current
@@ -82,12 +81,12 @@ def active_constraint_stage() -> str:
     return _active().constraint_stage
 
 
-def json_schema_stays_native(schema: object) -> bool:
-    """Whether this JSON-schema grammar (a required turn of a JSON-array format) stays on vLLM's
-    native structured outputs instead of moving to our logits processor: only where the processor
-    was chosen because the backend cannot compile structural tags, and that backend compiles every
-    keyword of this schema (:func:`backend_compiles_json_schema`)."""
-    return backend_compiles_json_schema(_active().json_schema_backend, schema)
+def json_schema_backend() -> str | None:
+    """The native backend that keeps plain JSON-schema grammars (a required turn of a JSON-array
+    format) which it compiles exactly while our logits processor serves structural tags: only where
+    the processor was chosen because that backend cannot compile tags (None: every grammar moves;
+    :func:`..decode.outlines_schemas.backend_compiles_json_schema` says which schemas stay)."""
+    return _active().json_schema_backend
 
 
 def check_server_args(settings: Settings) -> ServerCapabilities:

@@ -9,21 +9,36 @@ keeps the format's markers out of the text (:mod:`..decode.free_text`), so a wel
 longer writes such text; what the grammar did not shape (Llama's text may still hold a ``{``; a
 turn with no grammar) is read here the same way: the call section on its own, the text before it
 the message text. A call cut off by the token limit leaves the complete calls before it. Call
-markup that still gives no call is logged, never sent as text (docs/response-path.md).
+markup that still gives no call is logged, never sent as text (docs/response-path.md). A required
+turn of a JSON-array format, whose whole output is the array of calls, is read as vLLM's serving
+layer reads it where the wrapper reads it itself (:func:`read_required_array`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
+
+from pydantic import TypeAdapter, ValidationError
 
 from ..formats import WireFormat
 from .stream_calls import call_start
 
 try:  # vLLM 0.32 / 0.33
-    from vllm.entrypoints.generate.base.protocol import ExtractedToolCallInformation
+    from vllm.entrypoints.generate.base.protocol import (
+        ExtractedToolCallInformation,
+        FunctionCall,
+        FunctionDefinition,
+        ToolCall,
+    )
 except ImportError:  # pragma: no cover - older layout
-    from vllm.entrypoints.openai.engine.protocol import ExtractedToolCallInformation
+    from vllm.entrypoints.openai.engine.protocol import (
+        ExtractedToolCallInformation,
+        FunctionCall,
+        FunctionDefinition,
+        ToolCall,
+    )
 
 logger = logging.getLogger(__name__)
 
@@ -74,3 +89,15 @@ def log_unread_markup(entry: WireFormat, output: str, info: ExtractedToolCallInf
         "characters from the first call start on, %s); the text before it is the answer",
         entry.parser_name, len(output) - start,
         "cut off" if cut else "unreadable" if entry.call_ends else "unreadable or cut off")
+
+
+def read_required_array(model_output: str) -> ExtractedToolCallInformation:
+    """vLLM's serving-layer read of a required turn (DelegatingParser._extract_tool_calls:
+    ``list[FunctionDefinition]`` from the whole output, ``parameters`` as the arguments)."""
+    try:
+        parsed = TypeAdapter(list[FunctionDefinition]).validate_json(model_output or "")
+    except ValidationError:
+        parsed = []
+    calls = [ToolCall(function=FunctionCall(name=call.name, arguments=json.dumps(
+        call.parameters, ensure_ascii=False))) for call in parsed]
+    return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=None)

@@ -4,45 +4,30 @@ One subclass per registered wire format (:mod:`vllm_allowed_tools.formats`), bui
 :class:`AllowedToolsMixin`. Without a policy on the request every method is the base parser's own, so
 plain tool choices behave exactly as vanilla vLLM. With one, the wrapper constrains decoding to the
 allowed subset, drops any parsed call outside it, and never returns call markup as text; why and how:
-docs/decode-path.md.
+docs/decode-path.md. :meth:`AllowedToolsMixin.adjust_request` reads the request once
+(:mod:`.turn_read`), decides the turn's grammar in one call into ``decode/``
+(:mod:`..decode.turn_grammar`) and writes the decision back.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 import threading
 from collections.abc import Sequence
 from os.path import commonprefix
 from typing import Any
 
+from vllm import envs
 from vllm.tool_parsers import ToolParserManager
 
-from ..settings import STAGE_LOGITS_PROCESSOR
-from ..errors import CapabilityError
+from ..decode.turn_grammar import Wrapper, decide_turn, turn_tag_for
 from ..formats import WireFormat, wire_format, wire_formats
 from ..metrics import record_violation
 from ..wire import ALLOWLIST_KEY, WireAllowlist
-from .call_arrays import (
-    auto_list_grammar,
-    read_required_array,
-    required_array_grammar,
-    without_client_formats,
-)
-from .capabilities import active_constraint_stage
-from .markup_reads import log_unread_markup, reread_calls
+from .capabilities import active_constraint_stage, json_schema_backend
+from .markup_reads import log_unread_markup, read_required_array, reread_calls
 from .stream_calls import ReleasedStream, UnaryStream, call_start, with_calls
-from .turn_grammar import (
-    function_tools,
-    hand_grammar_to_logits_processor,
-    mark_turn,
-    plain_request_tag,
-    preambles_within_budget,
-    request_subset_tag,
-    tool_name,
-    tools_held_to_schema,
-)
+from .turn_read import function_tools, read_turn, tool_name, tools_held_to_schema
 
 try:  # vLLM 0.32 / 0.33
     from vllm.entrypoints.generate.base.protocol import DeltaMessage, ExtractedToolCallInformation
@@ -79,125 +64,83 @@ class AllowedToolsMixin:
     def get_structural_tag(self, request, *, reasoning: bool = False,
                            strict_level: ToolStrictLevel = ToolStrictLevel.AUTO):
         allowlist = request_allowlist(request)
-        if allowlist is None:
-            if self.structural_tag_model == self.allowed_tools_own_tag_model:
-                return plain_request_tag(self.allowed_tools_base_parser, request, strict_level)
+        wrapper = self._wrapper(allowlist)
+        if allowlist is None and not wrapper.own_tag:
             return super().get_structural_tag(tools_held_to_schema(request), reasoning=reasoning,
                                               strict_level=strict_level)
-        if allowlist.server and self.structural_tag_model == "harmony":
-            return preambles_within_budget(self, self._server_tools_tag(request, allowlist, strict_level),
-                                           request, allowlist)
-        if self.structural_tag_model is None or not allowlist.allowed:
-            return None   # nothing callable (an auto turn whose tools all need approval): no tag
-        subset_tag = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
-                                        max(strict_level, ToolStrictLevel.FUNCTION))
-        return preambles_within_budget(self, subset_tag.tag if subset_tag is not None else None,
-                                       request, allowlist)
-
-    def _server_tools_tag(self, request, allowlist: WireAllowlist, strict_level):
-        """Harmony with server-side tools: the allowed functions' tag and the allowed
-        server-side recipients (:mod:`..decode.server_recipients`)."""
-        from ..settings import current
-        from ..decode.server_recipients import with_server_calls
-        from .server_tool_hook import tool_schemas
-        from ..server_tools.server_turn import registered
-
-        def tag_for(allowlist: WireAllowlist):
-            function_tag = None
-            if allowlist.allowed:
-                built = request_subset_tag(self.allowed_tools_base_parser, request, allowlist,
-                                           max(strict_level, ToolStrictLevel.FUNCTION))
-                function_tag = built.tag.model_copy(deep=True) if built is not None else None
-            return with_server_calls(function_tag, allowlist.server, allowlist.mode,
-                                     current().whitespace_limit, tool_schemas)
-
-        turn = registered(getattr(request, "model_extra", None))
-        if turn is not None and allowlist.mode == "required" and turn.grammar_after_a_call is None:
-            turn.grammar_after_a_call = json.dumps(
-                tag_for(dataclasses.replace(allowlist, mode="auto")).model_dump())
-        return tag_for(allowlist)
+        turn = read_turn(request, allowlist, wrapper)
+        decided = turn_tag_for(turn, int(strict_level))
+        if decided.grammar_after_a_call is not None:
+            turn.server_turn.grammar_after_a_call = decided.grammar_after_a_call
+        return decided.tag
 
     def adjust_request(self, request):
+        """The turn's grammar: the request read once (:func:`.turn_read.read_turn`), the grammar
+        decided in one call (:func:`..decode.turn_grammar.decide_turn`), the decision written back
+        here."""
         allowlist = request_allowlist(request)
+        wrapper = self._wrapper(allowlist)
         if allowlist is None:
-            request = super().adjust_request(request)
-            mark_turn(request, None, getattr(self, "model_tokenizer", None), self.allowed_tools_base_parser)
-            return request
-        # The base parser, run on a copy that holds only the allowed tools, gives its own grammar
-        # for the subset (JSON-schema parsers) and its other side effects (e.g. keeping special
-        # tokens such as [TOOL_CALLS] in the output); the catalog-wide grammar is never taken.
-        probe = super().adjust_request(_narrowed(request, allowlist))
-        # an auto turn with nothing callable (every tool needs approval) gets no grammar: free
-        # text, and every call parsed from it is dropped below
-        if self.structural_tag_model is not None and (allowlist.allowed or allowlist.server):
-            request = self._ensure_structural_tag(request, allowlist)
-        elif allowlist.mode == "required" and allowlist.allowed:
-            request = self._ensure_call_array(request, allowlist)
-            self._read_calls_with_the_parser(request)
-        elif allowlist.allowed:   # auto: a JSON-array format's grammar, where it has one
-            outputs = auto_list_grammar(self.allowed_tools_base_parser, request, allowlist)
-            if outputs is not None:
-                request = without_client_formats(request)
-                request.structured_outputs = outputs
-        if getattr(probe, "skip_special_tokens", None) is False:
+            request = super().adjust_request(request)   # a plain turn: vLLM's own grammar
+            keeps_special_tokens = False
+        else:
+            # The base parser, run on a copy that holds only the allowed tools, for its other side
+            # effects (e.g. keeping special tokens such as [TOOL_CALLS] in the output); its grammar,
+            # the catalog's, is never taken.
+            probe = super().adjust_request(_narrowed(request, allowlist))
+            keeps_special_tokens = getattr(probe, "skip_special_tokens", None) is False
+        turn = read_turn(request, allowlist, wrapper)
+        grammar = decide_turn(turn, limit_to_one_call=limit_to_single_tool_call)
+        if grammar.rewrites_outputs:
+            outputs = grammar.outputs
+            request.structured_outputs = None if outputs is None else StructuredOutputsParams(
+                structural_tag=outputs.structural_tag, json=outputs.json)
+        if grammar.drops_client_formats:   # vLLM would take either as the one structured output
+            if hasattr(request, "response_format"):
+                request.response_format = None
+            if hasattr(request, "text") and not hasattr(request, "messages"):
+                request.text = None
+        if grammar.reads_as_auto:   # see _reads_required_itself
+            request.tool_choice = "auto"
+        if keeps_special_tokens:
             request.skip_special_tokens = False
-        if active_constraint_stage() == STAGE_LOGITS_PROCESSOR:
-            hand_grammar_to_logits_processor(request, self.allowed_tools_base_parser, allowlist)
-        mark_turn(request, allowlist, getattr(self, "model_tokenizer", None), self.allowed_tools_base_parser)
+        if grammar.xargs:
+            request.vllm_xargs = {**(request.vllm_xargs or {}), **grammar.xargs}
+        if grammar.grammar_after_a_call is not None:
+            turn.server_turn.grammar_after_a_call = grammar.grammar_after_a_call
         return request
 
-    def _ensure_call_array(self, request, allowlist: WireAllowlist):
-        """Required mode of a JSON-array format: the registry's array of allowed calls, on both
-        APIs (base parsers set their own only on some: Mistral's on Chat Completions, none on
-        Responses, where the model then wrote free text and the turn ended with no call)."""
-        request.structured_outputs = required_array_grammar(self.allowed_tools_base_parser, request,
-                                                            allowlist)
-        return without_client_formats(request)
+    def _wrapper(self, allowlist: WireAllowlist | None) -> Wrapper:
+        """This wrapper, and how its server serves a policy turn's grammar (a plain turn's is
+        vLLM's: its stage is not asked)."""
+        policy = allowlist is not None
+        return Wrapper(wire_format=self.allowed_tools_base_parser, tag_model=self.structural_tag_model,
+                       own_tag=self.structural_tag_model == self.allowed_tools_own_tag_model,
+                       reads_required_itself=self._reads_required_itself(),
+                       stage=active_constraint_stage() if policy else None,
+                       json_schema_backend=json_schema_backend() if policy else None,
+                       strict_tool_calling=bool(envs.VLLM_ENFORCE_STRICT_TOOL_CALLING),
+                       tokenizer=getattr(self, "model_tokenizer", None))
 
-    def _read_calls_with_the_parser(self, request) -> None:
-        """A required turn of a JSON-array format whose base parser is engine-based (granite) is
-        read by this parser, as an auto turn is: vLLM's serving layer reads a required turn of a
-        ``supports_required_and_named`` parser with its own JSON-array reader, which in a stream
-        reads ``current_text``, and a DelegatingParser over an engine-based parser hands it each
-        delta alone, so no call ever streamed. vLLM decides by ``request.tool_choice`` (the stream's
-        parser is another instance than this one, built after this call): the request says
-        ``auto``; the grammar set above still forces the array of allowed calls, the allowlist
-        (``mode: required``) still tells this wrapper the output is all call, and the middleware
-        echoes the client's own ``tool_choice``. Requests without a policy never get here."""
-        if request.tool_choice == "required" and (self._array_starves_in_a_stream()
-                                                  or self._calls_are_pythonic()):
-            request.tool_choice = "auto"
+    @classmethod
+    def _reads_required_itself(cls) -> bool:
+        """A required turn of a JSON-array format whose base parser is engine-based (granite), or
+        whose calls are pythonic, is read by this parser, as an auto turn is: vLLM's serving layer
+        reads a required turn of a ``supports_required_and_named`` parser with its own JSON-array
+        reader, which in a stream reads ``current_text``, and a DelegatingParser over an
+        engine-based parser hands it each delta alone, so no call ever streamed (pythonic calls
+        are no JSON at all). vLLM decides by ``request.tool_choice`` (the stream's parser is another
+        instance than this one, built after :meth:`adjust_request`): the request says ``auto``; the
+        grammar still forces the array of allowed calls, the allowlist (``mode: required``) still
+        tells this wrapper the output is all call, and the middleware echoes the client's own
+        ``tool_choice``. Requests without a policy never get there."""
+        return cls._array_starves_in_a_stream() or cls._calls_are_pythonic()
 
     @classmethod
     def _calls_are_pythonic(cls) -> bool:
         """Required turns are written as Python calls (decode/call_lists.py), which vLLM's
         JSON-array reader cannot read: the format's own parser reads them."""
         return wire_format(cls.allowed_tools_base_parser).grammar.call_syntax == "pythonic"
-
-    def _ensure_structural_tag(self, request, allowlist: WireAllowlist):
-        from vllm import envs
-        if not envs.VLLM_ENFORCE_STRICT_TOOL_CALLING:
-            raise CapabilityError(
-                "allowed_tools needs structural tags, but VLLM_ENFORCE_STRICT_TOOL_CALLING=0 turns "
-                "them off; unset it (or set it to 1) and restart the server",
-                capability="structural_tag")
-        existing = request.structured_outputs
-        if existing is not None and existing.structural_tag is not None:
-            return request   # vLLM's DelegatingParser already used our get_structural_tag
-        if request.extract_structured_outputs() is not None:
-            raise CapabilityError(
-                "allowed_tools in auto mode together with a response format is not supported with "
-                "non-strict tools; mark the allowed tools `strict: true` or drop the response format",
-                capability="structural_tag+response_format")
-        tag = self.get_structural_tag(request, strict_level=ToolStrictLevel.FUNCTION)
-        if tag is None:
-            raise CapabilityError(
-                f"the {self.allowed_tools_base_parser!r} parser produced no structural tag for the "
-                "allowed subset", capability="structural_tag", status=500)
-        if not allowlist.parallel_tool_calls and not allowlist.server:
-            limit_to_single_tool_call(tag)
-        request.structured_outputs = StructuredOutputsParams(structural_tag=json.dumps(tag.model_dump()))
-        return without_client_formats(request)
 
     # ---------------------------------------------------------------- no call markup as text
     def _call_triggers(self) -> tuple[str, ...]:
@@ -210,7 +153,7 @@ class AllowedToolsMixin:
 
     def _reads_the_array(self, allowlist: WireAllowlist) -> bool:
         """Whether this wrapper reads a required turn's JSON array itself, as vLLM's serving layer
-        would (:meth:`_read_calls_with_the_parser`: a base parser that reads only the array after
+        would (:meth:`_reads_required_itself`: a base parser that reads only the array after
         its marker, granite's, sees none in a bare array)."""
         return allowlist.mode == "required" and self._array_starves_in_a_stream()
 
