@@ -86,7 +86,7 @@ def bench_compile(rounds: int, strict: bool = True) -> list[dict[str, Any]]:
                 CompiledGrammars(info, capacity=4).get(read_extra_args(constraint_extra_args(tag)))
 
             clear_tag_cache()
-            grammars = CompiledGrammars(info)
+            grammars = CompiledGrammars(info, lazy=False)
             warm_tag = cached_subset_tag(key, lambda: functions)
             grammars.get(read_extra_args(constraint_extra_args(warm_tag)))
 

@@ -96,7 +96,7 @@ def bench_tags(counts: list[int]) -> list[dict[str, Any]]:
 
 
 def bench_compiled(vocab: str, info: Any, counts: list[int]) -> list[dict[str, Any]]:
-    grammars = CompiledGrammars(info)
+    grammars = CompiledGrammars(info, lazy=False)
     rss = _rss_mb()
     compiled_bytes = 0
     rows = []

@@ -72,7 +72,7 @@ class _Requests:
         rng = random.Random(5)
         catalog = rich_functions(catalog_size, seed=catalog_size)
         self.info = info
-        self.grammars = CompiledGrammars(info)
+        self.grammars = CompiledGrammars(info, lazy=False)
         self.split_grammars = CompiledGrammars(info, upgrade=False)   # a split row that stays split
         self.whole, self.split, self.answers = [], [], []
         for index in range(SUBSETS):

@@ -132,7 +132,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
     info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer))
-    return CompiledGrammars(info)
+    return CompiledGrammars(info, hf_tokenizer=tokenizer)
 
 
 def _grammar(names, mode="required", parallel=True):

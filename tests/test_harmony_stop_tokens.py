@@ -83,7 +83,9 @@ def grammars():
 
     from vllm_allowed_tools.devtools.models.gpt_oss_model import ensure_gpt_oss_model
     tokenizer = AutoTokenizer.from_pretrained(str(ensure_gpt_oss_model(0, log=lambda *_: None)))
-    return CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=VOCAB))
+    # xgrammar's masks from the first token: the recorded tokens are the harmony encoder's, and a
+    # first-seen row on llguidance admits forced text only as the tokenizer writes it alone
+    return CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=VOCAB), lazy=False)
 
 
 def _harmony_grammar(mode: str):

@@ -90,6 +90,8 @@ FIELD_CASES = {
     "xgrammar_cache_mb": ({"64": 64}, {"big": "must be a non-negative integer"}),
     "tag_cache_entries": ({"16": 16}, {"lots": "must be a non-negative integer"}),
     "tag_cache_mb": ({"8": 8}, {"-3": "must be a non-negative integer"}),
+    "first_seen_grammars": ({"xgrammar": "xgrammar", " LLGuidance ": "llguidance"},
+                            {"outlines": "is not a first-seen grammar choice"}),
     "grammar_cache_entries": ({"32": 32}, {"1e3": "must be a non-negative integer"}),
     "grammar_cache_mb": ({"2048": 2048}, {"big": "must be a non-negative integer"}),
     "api_key_set": ({"sk-secret": True, "   ": False}, {}),

@@ -175,7 +175,7 @@ def test_a_new_catalog_keeps_the_whole_grammar_until_compiled():
     in the background; once compiled, a new subset's request gets the catalog and its envelope,
     and a subset whose own grammar is compiled gets that alone."""
     catalog = [AllowedFunction(name, {"type": "object"}, True) for name in ("alpha", "beta", "gamma")]
-    grammars = CompiledGrammars(INFO)
+    grammars = CompiledGrammars(INFO, lazy=False)   # the split path (llguidance: test_lazy_grammars)
 
     def request(allowed):
         common = dict(catalog_digest="a-new-catalog", allowlist_digest="+".join(f.name for f in allowed),
@@ -184,12 +184,12 @@ def test_a_new_catalog_keeps_the_whole_grammar_until_compiled():
                                                      split_tags("hermes", catalog, allowed, **common)))
 
     grammar = request(catalog[1:2])
-    _, envelope = grammars.matchers(grammar)
+    envelope = grammars.matchers(grammar).envelope
     assert envelope is None
     assert grammars.catalog(grammar.catalog) is not None        # waits for the background compile
-    _, envelope = grammars.matchers(request(catalog[:2]))
+    envelope = grammars.matchers(request(catalog[:2])).envelope
     assert envelope is not None
-    _, envelope = grammars.matchers(grammar)                     # its own grammar is compiled
+    envelope = grammars.matchers(grammar).envelope                     # its own grammar is compiled
     assert envelope is None
 
 
@@ -204,7 +204,7 @@ def test_a_split_row_continues_on_its_own_grammar_once_compiled():
                   parallel_tool_calls=False)
     whole = turn_tag("hermes", allowed, **common)
     split = split_tags("hermes", catalog, allowed, **common)
-    grammars = CompiledGrammars(INFO)
+    grammars = CompiledGrammars(INFO, lazy=False)   # the split path (llguidance: test_lazy_grammars)
     grammars.catalog(read_extra_args(constraint_extra_args(whole, split)).catalog)
     reference = CompiledGrammars(INFO, upgrade=False)
     hold = threading.Event()     # the background thread waits, so the compile lands at step 2
@@ -244,10 +244,10 @@ def test_a_catalog_that_does_not_hash_to_its_digest_is_never_used():
     whole = turn_tag("hermes", catalog[:1], **common)
     split = split_tags("hermes", catalog, catalog[:1], **common)
     args = constraint_extra_args(whole, split)
-    grammars = CompiledGrammars(INFO)
+    grammars = CompiledGrammars(INFO, lazy=False)   # the split path (llguidance: test_lazy_grammars)
     planted = read_extra_args({**args, "vllm_allowed_tools_catalog_tag": whole.json}, verify=False)
     assert grammars.catalog(planted.catalog) is None
-    _, envelope = grammars.matchers(planted)
+    envelope = grammars.matchers(planted).envelope
     assert envelope is None
 
 
@@ -304,7 +304,7 @@ def test_a_full_background_queue_leaves_new_subsets_on_their_split():
                   parallel_tool_calls=True)
     grammar = read_extra_args(constraint_extra_args(turn_tag("hermes", catalog[:1], **common),
                                                     split_tags("hermes", catalog, catalog[:1], **common)))
-    grammars = CompiledGrammars(INFO)
+    grammars = CompiledGrammars(INFO, lazy=False)   # the split path (llguidance: test_lazy_grammars)
     grammars.catalog(grammar.catalog)
     grammars.PENDING_LIMIT = 0
     assert grammars.matchers(grammar)[1] is not None

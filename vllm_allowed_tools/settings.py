@@ -44,6 +44,9 @@ PLAIN_CATALOG, PLAIN_VANILLA = "catalog", "vanilla"
 #: ``VLLM_ALLOWED_TOOLS_ARGUMENT_SCHEMAS``: every tool's arguments held to its schema, or only
 #: ``strict`` tools' (vLLM's own default)
 SCHEMAS_ALL, SCHEMAS_STRICT = "all", "strict"
+#: ``VLLM_ALLOWED_TOOLS_FIRST_SEEN_GRAMMARS``: how the logits-processor stage masks a row whose
+#: grammar xgrammar has not compiled yet
+FIRST_SEEN_LLGUIDANCE, FIRST_SEEN_XGRAMMAR = "llguidance", "xgrammar"
 
 
 class SettingsError(CapabilityError):
@@ -144,6 +147,8 @@ PlainDecoding = Annotated[str, BeforeValidator(_choice(PLAIN_CATALOG, PLAIN_VANI
                                                        what="a plain-request decoding"))]
 ArgumentSchemas = Annotated[str, BeforeValidator(_choice(SCHEMAS_ALL, SCHEMAS_STRICT,
                                                          what="an argument-schema choice"))]
+FirstSeenGrammars = Annotated[str, BeforeValidator(_choice(FIRST_SEEN_LLGUIDANCE, FIRST_SEEN_XGRAMMAR,
+                                                           what="a first-seen grammar choice"))]
 WholeNumber = Annotated[int, BeforeValidator(_whole_number)]
 Seconds = Annotated[float, BeforeValidator(_positive_seconds)]
 Names = Annotated[frozenset[str], BeforeValidator(_names)]
@@ -263,6 +268,13 @@ class Settings(EnvironmentSettings):
     tag_cache_mb: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_TAG_CACHE_MB", (
         "The most memory (megabytes, estimated from each tag's JSON) the built tags take; the "
         "least recently used go first (docs/benchmarks.md has the growth)."), 64)
+    first_seen_grammars: FirstSeenGrammars = env_field("VLLM_ALLOWED_TOOLS_FIRST_SEEN_GRAMMARS", (
+        "How the logits-processor stage masks a row whose grammar xgrammar has not compiled yet: "
+        "`llguidance` (the same grammar translated for llguidance, whose masks need no compile "
+        "ahead, while xgrammar compiles in the background; the row moves onto xgrammar once that "
+        "is ready) or `xgrammar` (the row waits for the compile: 0.1-2.5 s at a 150K "
+        "vocabulary). A grammar the translation does not cover waits either way."),
+        FIRST_SEEN_LLGUIDANCE)
     grammar_cache_entries: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_ENTRIES", (
         "The most compiled grammars (subsets, envelopes, catalogs) the logits-processor stage "
         "keeps per tokenizer."), 256)

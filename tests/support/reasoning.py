@@ -13,11 +13,14 @@ def tiny_tokenizer(flavour: str) -> Any:
     return AutoTokenizer.from_pretrained(str(ensure_model(flavour, log=lambda *_: None)))
 
 
-def compiled_grammars(tokenizer: Any) -> Any:
+def compiled_grammars(tokenizer: Any, lazy: bool | None = None) -> Any:
+    """The logits-processor stage's grammars for ``tokenizer`` (``lazy=False``: xgrammar's masks
+    from a row's first token, not llguidance's while xgrammar compiles)."""
     import xgrammar as xgr
 
     from vllm_allowed_tools.decode.masks import CompiledGrammars
-    return CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)))
+    return CompiledGrammars(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=len(tokenizer)),
+                            lazy=lazy, hf_tokenizer=tokenizer)
 
 
 def reasoning_gate(tokenizer: Any, parser: str) -> Any:

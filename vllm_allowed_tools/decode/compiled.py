@@ -9,14 +9,23 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..settings import current
+from ..settings import FIRST_SEEN_LLGUIDANCE, current
 from .lru import LRU as _LRU
 from .stage import tag_digest
 from .stage import ConstraintArgsError, GrammarText, RequestGrammar
 
 logger = logging.getLogger(__name__)
+
+
+class RowMatchers(NamedTuple):
+    """What masks one row: a matcher, the subset's envelope where ``matcher`` is a catalog's (their
+    masks ANDed: :mod:`.split`), and whether the row moves onto its own compiled grammar once that
+    is ready (``provisional``: a split's two, or llguidance's matcher)."""
+    matcher: Any
+    envelope: Any
+    provisional: bool = False
 
 
 class CompiledGrammars:
@@ -39,11 +48,17 @@ class CompiledGrammars:
 
     def __init__(self, tokenizer_info: Any, capacity: int | None = None, max_threads: int = 8,
                  catalog_capacity: int | None = None, max_bytes: int | None = None,
-                 upgrade: bool = True) -> None:
+                 upgrade: bool = True, lazy: bool | None = None, hf_tokenizer: Any = None) -> None:
         import xgrammar as xgr
         settings = current()
         self.tokenizer_info = tokenizer_info
         self.upgrade = upgrade
+        # a row whose grammar is not compiled yet starts on llguidance (:mod:`.lazy_grammars`)
+        if upgrade and (lazy if lazy is not None else settings.first_seen_grammars == FIRST_SEEN_LLGUIDANCE):
+            from .lazy_grammars import LazyGrammars
+            self.lazy: Any = LazyGrammars(tokenizer_info, hf_tokenizer)
+        else:
+            self.lazy = None
         # xgrammar's own cache keeps the pieces it compiled (each tool's argument schema, the
         # envelopes' arguments), so later grammars of the same tools compile far faster; it takes
         # the budget vLLM's xgrammar backend takes
@@ -73,18 +88,28 @@ class CompiledGrammars:
             raise ConstraintArgsError("structural tag digest mismatch")
         return self._compiler.compile_structural_tag(grammar.tag_json)
 
-    def matchers(self, grammar: RequestGrammar, stop_token_ids: Sequence[int] = ()) -> tuple[Any, Any]:
-        """(matcher, envelope matcher or None) for a request: its own grammar when it is
-        compiled; else the catalog's matcher and the subset's envelope when the catalog is compiled
-        (and the subset's own grammar is compiled in the background for its later steps); else
-        the request's whole grammar (and the catalog is compiled in the background for the next
+    def matchers(self, grammar: RequestGrammar, stop_token_ids: Sequence[int] = ()) -> RowMatchers:
+        """The matchers for a request: its own grammar when it is compiled; else llguidance's
+        matcher for the same grammar while xgrammar compiles it in the background (``lazy``);
+        else the catalog's matcher and the subset's envelope when the catalog is compiled (and
+        the subset's own grammar is compiled in the background for its later steps); else the
+        request's whole grammar (and the catalog is compiled in the background for the next
         request)."""
         import xgrammar as xgr
         stops = list(stop_token_ids) or None
+        if self.lazy is not None and self.ready(grammar) is None:
+            from .lazy_grammars import UntranslatableTag
+            try:
+                lazy = self.lazy.matcher(grammar, stop_token_ids)
+            except UntranslatableTag as exc:
+                logger.info("vllm-allowed-tools: %s; the row waits for xgrammar's compile", exc)
+            else:
+                self._in_background(grammar, self._compile_own)
+                return RowMatchers(lazy, None, provisional=True)
         if grammar.catalog is not None and grammar.envelope is not None:
             own = self.ready(grammar) if self.upgrade else None
             if own is not None:
-                return xgr.GrammarMatcher(own, override_stop_tokens=stops), None
+                return RowMatchers(xgr.GrammarMatcher(own, override_stop_tokens=stops), None)
             catalog = self.catalog(grammar.catalog, wait=False)
             if catalog is not None:
                 try:
@@ -94,9 +119,10 @@ class CompiledGrammars:
                 else:
                     if self.upgrade and len(self._jobs) < self.PENDING_LIMIT:
                         self._in_background(grammar, self._compile_own)
-                    return (xgr.GrammarMatcher(catalog, override_stop_tokens=stops),
-                            xgr.GrammarMatcher(envelope, override_stop_tokens=stops))
-        return xgr.GrammarMatcher(self.get(grammar), override_stop_tokens=stops), None
+                    return RowMatchers(xgr.GrammarMatcher(catalog, override_stop_tokens=stops),
+                                       xgr.GrammarMatcher(envelope, override_stop_tokens=stops),
+                                       provisional=self.upgrade)
+        return RowMatchers(xgr.GrammarMatcher(self.get(grammar), override_stop_tokens=stops), None)
 
     def catalog(self, grammar: GrammarText, wait: bool = True) -> Any:
         """The compiled catalog grammar; ``wait=False`` returns None while it is being compiled in

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .compiled import CompiledGrammars
+from .lazy_grammars import LazyMatcher
 from .cpu_mask import apply_on_cpu
 from .reasoning_hold import END_REASONING, next_step, refused_tokens
 from .refused_tokens import refusable
@@ -122,7 +123,7 @@ class MaskedBatch:
                                       refused=refused)
             return
         try:
-            matcher, envelope = self.grammars.matchers(grammar, stop_token_ids)
+            matcher, envelope, provisional = self.grammars.matchers(grammar, stop_token_ids)
         except Exception:   # admission validated it; if it still cannot compile, fail closed
             logger.exception("vllm-allowed-tools: could not compile the request's grammar; the "
                              "request may only stop")
@@ -133,7 +134,7 @@ class MaskedBatch:
         self.rows[row] = _Row(matcher=matcher, output_ids=output_ids,
                               stop_token_ids=tuple(stop_token_ids), envelope=envelope,
                               reasoning=reasoning, prompt_ids=(prompt_ids or ()) if reasoning else (),
-                              grammar=grammar if envelope is not None and self.grammars.upgrade else None,
+                              grammar=grammar if provisional else None,
                               must_call=must_call, max_tokens=max_tokens, refused=refused)
 
     def remove(self, row: int) -> None:
@@ -175,6 +176,10 @@ class MaskedBatch:
                 state.consumed += 1
                 if state.matcher.is_terminated():
                     continue
+                if isinstance(state.matcher, LazyMatcher):   # not xgrammar's: on its own
+                    if not state.matcher.accept_token(int(token)):
+                        self._refused(state, int(token))
+                    continue
                 matchers.append(state.matcher)
                 tokens.append(int(token))
                 owners.append(state)
@@ -192,15 +197,21 @@ class MaskedBatch:
             import xgrammar as xgr
             accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, tokens)
         for state, token, ok in zip(owners, tokens, accepted):
-            if not ok and not state.failed:
-                state.failed = True
-                logger.error("vllm-allowed-tools: the grammar refused token %d; the request may "
-                             "only stop now", token)
+            if not ok:
+                self._refused(state, token)
+
+    @staticmethod
+    def _refused(state: _Row, token: int) -> None:
+        if not state.failed:
+            state.failed = True
+            logger.error("vllm-allowed-tools: the grammar refused token %d; the request may only "
+                         "stop now", token)
 
     def _upgrade(self, state: _Row) -> None:
-        """A split row continues on its subset's own grammar once that is compiled: a new matcher
-        replays the row's tokens so far, then replaces the catalog's and the envelope's (the same
-        language: :mod:`.split`), so later steps fill one mask, not two."""
+        """A split row (or one llguidance started) continues on its subset's own grammar once
+        xgrammar has compiled it: a new matcher replays the row's tokens so far, then replaces
+        the catalog's and the envelope's (the same language: :mod:`.split`), so later steps fill
+        one mask, not two (or llguidance's, the same language: :mod:`.lark_tags`)."""
         compiled = self.grammars.ready(state.grammar)
         if compiled is None:
             return
@@ -302,7 +313,16 @@ class MaskedBatch:
         return masked
 
     def _fill(self, matchers: list[Any], rows: list[int]) -> None:
-        """Fill the rows' masks: one call for several rows, filled in parallel by xgrammar."""
+        """Fill the rows' masks: one call for several rows, filled in parallel by xgrammar
+        (llguidance's matchers, a first-seen grammar's, one by one)."""
+        if any(isinstance(matcher, LazyMatcher) for matcher in matchers):
+            for matcher, row in zip(matchers, rows):
+                if isinstance(matcher, LazyMatcher):
+                    matcher.fill_next_token_bitmask(self._masks, row)
+            pairs = [(m, r) for m, r in zip(matchers, rows) if not isinstance(m, LazyMatcher)]
+            matchers, rows = [m for m, _ in pairs], [r for _, r in pairs]
+            if not rows:
+                return
         if len(rows) == 1:
             matchers[0].fill_next_token_bitmask(self._masks, rows[0])
             return

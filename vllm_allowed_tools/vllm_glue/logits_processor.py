@@ -73,7 +73,7 @@ def compiled_grammars_for(vllm_config: VllmConfig) -> CompiledGrammars:
         from vllm.tokenizers import cached_tokenizer_from_config
         tokenizer = cached_tokenizer_from_config(model_config)
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model_config.get_vocab_size())
-        grammars = _TOKENIZER_GRAMMARS[key] = CompiledGrammars(info)
+        grammars = _TOKENIZER_GRAMMARS[key] = CompiledGrammars(info, hf_tokenizer=tokenizer)
     return grammars
 
 
