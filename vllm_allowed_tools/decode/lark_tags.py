@@ -374,12 +374,41 @@ class _Ebnf:
             i = j
         if "root" not in rules:
             raise UntranslatableTag("EBNF without a root rule")
+        trees: dict[str, Any] = {}
         for name, body in rules.items():
-            expression, rest = self._alternatives(body, 0, rules)
+            tree, rest = self._parse_alternatives(body, 0, rules)
             if rest != len(body):
                 raise UntranslatableTag(f"EBNF: unexpected {body[rest][1]!r} in rule {name}")
-            self.builder.rules.append(f"{self._name(name)}: {expression}")
-        return self._name("root")
+            trees[name] = tree
+        self.lexemes = _RegularRules(trees).lexemes()
+        for name, tree in trees.items():
+            if name in self.lexemes:
+                self.builder.rules.append(f"{self._name(name).upper()}: /{self.lexemes[name]}/")
+            else:
+                self.builder.rules.append(f"{self._name(name)}: {self._lark(tree)}")
+        return self._ref("root")
+
+    def _ref(self, name: str) -> str:
+        return self._name(name).upper() if name in self.lexemes else self._name(name)
+
+    def _lark(self, node: Any) -> str:
+        kind = node[0]
+        if kind == "str":
+            return _characters(node[1]) if self.char_level else _literal(node[1])
+        if kind == "cls":
+            return node[1]
+        if kind == "ref":
+            return self._ref(node[1])
+        if kind == "dispatch":
+            return node[1]
+        if kind == "rep":
+            return f"({self._lark(node[1])}){node[2]}"
+        parts = [self._lark(child) for child in node[1]]
+        if not parts:
+            return '""'
+        if len(parts) == 1:
+            return parts[0]
+        return "(" + (" | " if kind == "alt" else " ").join(parts) + ")"
 
     def _name(self, name: str) -> str:
         return self.prefix + re.sub(r"[^a-z0-9_]", "_", name.lower()) + "_" + format(
@@ -399,18 +428,20 @@ class _Ebnf:
                 tokens.append((kind, match.group()))
         return tokens
 
-    def _alternatives(self, body: list[tuple[str, str]], i: int, rules: Mapping[str, Any]) -> tuple[str, int]:
-        options: list[str] = []
+    def _parse_alternatives(self, body: list[tuple[str, str]], i: int,
+                            rules: Mapping[str, Any]) -> tuple[Any, int]:
+        options: list[Any] = []
         while True:
-            sequence, i = self._sequence(body, i, rules)
+            sequence, i = self._parse_sequence(body, i, rules)
             options.append(sequence)
             if i < len(body) and body[i] == ("punct", "|"):
                 i += 1
                 continue
-            return (options[0] if len(options) == 1 else "(" + " | ".join(options) + ")"), i
+            return ("alt", options), i
 
-    def _sequence(self, body: list[tuple[str, str]], i: int, rules: Mapping[str, Any]) -> tuple[str, int]:
-        items: list[str] = []
+    def _parse_sequence(self, body: list[tuple[str, str]], i: int,
+                        rules: Mapping[str, Any]) -> tuple[Any, int]:
+        items: list[Any] = []
         while i < len(body) and body[i] not in (("punct", "|"), ("punct", ")")):
             kind, value = body[i]
             if kind == "look":   # a lookahead: a hint that a well-formed parse always satisfies
@@ -420,28 +451,141 @@ class _Ebnf:
                     i += 1
                 continue
             if kind == "string":
-                text = "".join(_char(c) for c in _unescape(value[1:-1]))
-                item = _characters(text) if self.char_level else _literal(text)
+                item: Any = ("str", "".join(_char(c) for c in _unescape(value[1:-1])))
                 i += 1
             elif kind == "cls":
-                item, i = _class_regex(value[1:-1]), i + 1
+                item, i = ("cls", _class_regex(value[1:-1])), i + 1
             elif kind == "name" and re.fullmatch(r"d\d+", value) \
                     and value not in rules:   # a dispatch text's automaton (:meth:`_dispatch_text`)
-                item, i = value, i + 1
+                item, i = ("dispatch", value), i + 1
             elif kind == "name":
                 if value not in rules:
                     raise UntranslatableTag(f"EBNF: rule {value!r} is not defined")
-                item, i = self._name(value), i + 1
+                item, i = ("ref", value), i + 1
             elif (kind, value) == ("punct", "("):
-                inner, i = self._alternatives(body, i + 1, rules)
+                item, i = self._parse_alternatives(body, i + 1, rules)
                 if i >= len(body) or body[i] != ("punct", ")"):
                     raise UntranslatableTag("EBNF: unbalanced parentheses")
-                item, i = f"({inner})", i + 1
+                i += 1
             else:
                 raise UntranslatableTag(f"EBNF: unexpected {value!r}")
             while i < len(body) and (body[i][0] == "repeat" or body[i] in
                                      (("punct", "*"), ("punct", "+"), ("punct", "?"))):
-                suffix = _repeat(body[i][1])
-                item, i = f"({item}){suffix}", i + 1
+                item, i = ("rep", item, _repeat(body[i][1])), i + 1
             items.append(item)
-        return ('""' if not items else items[0] if len(items) == 1 else "(" + " ".join(items) + ")"), i
+        return ("seq", items), i
+
+
+class _NotRegular(Exception):
+    """A rule's language is not written as a regex here (it stays a grammar rule)."""
+
+
+class _RegularRules:
+    """Right-recursive EBNF rules that are regular (``q0 ::= [^"\\] q0 | qr`` spelling a JSON
+    string one character a rule) as one regex each: llguidance's Earley parser keeps an item a
+    character for each open right recursion, and stops a row past 2,000 (a long string argument),
+    while a lexeme's regex costs nothing a character. A group of mutually recursive rules is
+    regular when every alternative is terminals, then at most one rule of the group at its end;
+    its equations ``X = a X' | b`` are solved by elimination (Arden's rule)."""
+
+    def __init__(self, trees: Mapping[str, Any]) -> None:
+        self.trees = trees
+        self.refs = {name: set(self._refs(tree)) for name, tree in trees.items()}
+
+    def _refs(self, node: Any) -> Any:
+        if node[0] == "ref":
+            yield node[1]
+        elif node[0] in ("alt", "seq"):
+            for child in node[1]:
+                yield from self._refs(child)
+        elif node[0] == "rep":
+            yield from self._refs(node[1])
+
+    def _reach(self, name: str) -> set[str]:
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            for ref in self.refs[stack.pop()]:
+                if ref not in seen:
+                    seen.add(ref)
+                    stack.append(ref)
+        return seen
+
+    def lexemes(self) -> dict[str, str]:
+        """Rule -> regex, for each rule of a regular recursive group referenced from outside it."""
+        reach = {name: self._reach(name) for name in self.trees}
+        found: dict[str, str] = {}
+        done: set[str] = set()
+        for name in self.trees:
+            if name in done or name not in reach[name]:
+                continue
+            group = {other for other in reach[name] if name in reach[other]} | {name}
+            done |= group
+            entries = {member for member in group if member == "root" or any(
+                member in self.refs[other] for other in self.trees if other not in group)}
+            try:
+                for entry in entries:
+                    found[entry] = self._solve(group, entry)
+            except _NotRegular:
+                continue
+        return found
+
+    def _alternatives(self, node: Any) -> list[list[Any]]:
+        """A rule's body as alternatives of items (single groups unwrapped)."""
+        if node[0] == "alt":
+            out: list[list[Any]] = []
+            for sequence in node[1]:
+                out += self._alternatives(sequence)
+            return out
+        if node[0] == "seq" and len(node[1]) == 1 and node[1][0][0] in ("alt", "seq"):
+            return self._alternatives(node[1][0])
+        return [list(node[1])] if node[0] == "seq" else [[node]]
+
+    def _regex(self, node: Any, group: set[str]) -> str:
+        kind = node[0]
+        if kind == "str":
+            return "".join(f"\\x{{{ord(c):x}}}" for c in node[1])
+        if kind == "cls":
+            if not node[1].startswith("/"):
+                raise _NotRegular()
+            return node[1][1:-1]
+        if kind == "rep":
+            return f"(?:{self._regex(node[1], group)}){node[2]}"
+        if kind in ("alt", "seq"):
+            parts = [self._regex(child, group) for child in node[1]]
+            return "(?:" + ("|" if kind == "alt" else "").join(parts) + ")"
+        raise _NotRegular()   # a rule reference (or a dispatch text) inside
+
+    def _solve(self, group: set[str], entry: str) -> str:
+        order = [entry] + sorted(group - {entry})
+        # X_i = sum_j a[i][j] X_j | b[i]
+        a: dict[str, dict[str, list[str]]] = {x: {} for x in order}
+        b: dict[str, list[str]] = {x: [] for x in order}
+        for x in order:
+            for items in self._alternatives(self.trees[x]):
+                last = items[-1] if items else None
+                if last is not None and last[0] == "ref" and last[1] in group:
+                    prefix = "".join(self._regex(item, group) for item in items[:-1])
+                    a[x].setdefault(last[1], []).append(prefix)
+                else:
+                    b[x].append("".join(self._regex(item, group) for item in items))
+
+        def union(parts: list[str]) -> str:
+            return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+        for k in reversed(order[1:]):
+            loop = a[k].pop(k, None)
+            star = f"(?:{union(loop)})*" if loop else ""
+            for i in order:
+                if i == k or k not in a[i]:
+                    continue
+                via = union(a[i].pop(k)) + star
+                for j, coefficient in a[k].items():
+                    a[i].setdefault(j, []).append(via + union(coefficient))
+                if b[k]:
+                    b[i].append(via + union(b[k]))
+            del a[k]
+            order = [x for x in order if x != k]
+        loop = a[entry].pop(entry, None)
+        if a[entry] or not b[entry]:
+            raise _NotRegular()
+        return (f"(?:{union(loop)})*" if loop else "") + union(b[entry])

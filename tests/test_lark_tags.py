@@ -1,0 +1,178 @@
+"""The llguidance translation of a structural tag (decode/lark_tags.py) admits exactly what the tag
+admits, on every registered format's grammars (auto and required, parallel calls or not).
+
+Both directions, over a synthetic vocabulary that holds each format's markers as one token and in
+pieces (support/grammar_walk.py): walks of xgrammar's matcher are written token by token into
+llguidance's matcher, which must take every token and end; walks of llguidance's matcher (a
+random allowed token a step, the end once allowed after a while) must be admitted whole by
+xgrammar's. A translation that narrowed the language fails the first, one that widened it the
+second. The walks were 40 a direction a grammar when the translation was written (every format,
+no difference); CI runs fewer."""
+
+from __future__ import annotations
+
+import json
+import random
+from functools import cache
+
+import pytest
+
+from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
+from vllm_allowed_tools.decode.lark_tags import UntranslatableTag, lark_grammar
+from vllm_allowed_tools.formats import wire_format, wire_formats
+
+from support.grammar_reads import ALLOWED, CATALOG
+from support.grammar_walk import GrammarWalker, WalkError, format_tokens, marker_texts
+
+WALKS = 10
+
+
+@cache
+def _walker(family: str, mode: str, parallel: bool) -> GrammarWalker | None:
+    if wire_format(family).grammar.kind == "vllm":
+        import vllm.parser.harmony  # noqa: F401  (registers vLLM's harmony builder)
+
+        from vllm_allowed_tools.vllm_glue.plugin import register_tag_builder
+        register_tag_builder()
+    functions = [AllowedFunction(name, CATALOG[name][0], CATALOG[name][1]) for name in ALLOWED]
+    tag = build_structural_tag(family, functions, mode, parallel_tool_calls=parallel)
+    if tag is None:
+        return None
+    return GrammarWalker(tag, format_tokens(family, tag), token_texts=marker_texts(family))
+
+
+def _token_ids(tag_json: str, index: dict[str, int]) -> str:
+    """The walk's tag with each ``token`` format named by its id in the walk vocabulary."""
+    def visit(node):
+        if isinstance(node, list):
+            return [visit(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if node.get("type") == "token" and isinstance(node.get("token"), str):
+            return {**node, "token": index[node["token"]]}
+        return {key: visit(value) for key, value in node.items()}
+    return json.dumps(visit(json.loads(tag_json)))
+
+
+def _llguidance(walker: GrammarWalker):
+    """(llguidance tokenizer over the walk vocabulary, the translated grammar)."""
+    import llguidance
+    vocab = walker.vocab
+
+    class Vocabulary:
+        eos_token_id, bos_token_id = walker.eos_id, None
+        tokens = [token.encode() for token in vocab[:-1]] + [b"\xff" + vocab[-1].encode()]
+        special_token_ids = [walker.eos_id]
+
+        def __call__(self, text):
+            text = text.decode() if isinstance(text, bytes) else text
+            return [walker.index[char] for char in text]
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocabulary()))
+    return tokenizer, lark_grammar(_token_ids(walker.tag_json, walker.index))
+
+
+def _allowed(matcher, size: int) -> list[int]:
+    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+    mask = allocate_token_bitmask(1, size)
+    fill_next_token_bitmask(matcher, mask, 0)
+    return [i for i in range(size) if (int(mask[0][i >> 5]) >> (i & 31)) & 1]
+
+
+CASES = [(entry.name, mode, parallel) for entry in wire_formats()
+         for mode in ("auto", "required") for parallel in (True, False)]
+
+
+@pytest.mark.parametrize("family,mode,parallel", CASES)
+def test_the_translation_admits_what_the_tag_admits(family, mode, parallel):
+    import llguidance
+    walker = _walker(family, mode, parallel)
+    if walker is None:
+        pytest.skip(f"{family} has no {mode} grammar")
+    tokenizer, lark = _llguidance(walker)
+    assert not llguidance.LLMatcher(tokenizer, lark).is_error()
+    rng = random.Random(f"{family}-{mode}-{parallel}")
+    walked = 0
+    for _ in range(WALKS):                       # xgrammar's walks, into llguidance
+        try:
+            tokens = walker.walk_tokens(rng)
+        except WalkError:
+            continue
+        matcher = llguidance.LLMatcher(tokenizer, lark)
+        for token in tokens:
+            assert matcher.consume_token(walker.index[token]), (
+                f"llguidance refused {token!r} after {''.join(tokens)!r}: {matcher.get_error()[:300]}")
+        assert matcher.consume_token(walker.eos_id) and matcher.is_stopped(), "".join(tokens)
+        walked += 1
+    assert walked >= WALKS // 2
+    ended = 0
+    for _ in range(WALKS):                       # llguidance's walks, into xgrammar
+        matcher = llguidance.LLMatcher(tokenizer, lark)
+        written: list[str] = []
+        for step in range(800):
+            allowed = _allowed(matcher, len(walker.vocab))
+            assert allowed, "llguidance left no token allowed"
+            token = walker.eos_id if step > 40 and walker.eos_id in allowed else rng.choice(allowed)
+            if token == walker.eos_id:
+                assert not matcher.is_error(), matcher.get_error()[:300]
+                assert walker.accepts(written), f"xgrammar refused llguidance's {''.join(written)!r}"
+                ended += 1
+                break
+            assert matcher.consume_token(token)
+            written.append(walker.vocab[token])
+    assert ended >= WALKS // 2
+
+
+def test_what_is_not_translated_is_said():
+    """A tag shape the translation does not cover raises UntranslatableTag (the row then waits for
+    xgrammar's compile), never a wrong grammar."""
+    text_then_more = {"type": "sequence", "elements": [{"type": "any_text"},
+                                                       {"type": "const_string", "value": "x"}]}
+    for node in ({"type": "qwen_xml_parameter", "json_schema": {}},
+                 {"type": "token", "token": "<|end|>"},
+                 text_then_more,
+                 {"type": "grammar", "grammar": "root ::= other"},
+                 {"type": "grammar", "grammar": 'root ::= "a" (= "b")  "c" ^'}):
+        with pytest.raises(UntranslatableTag):
+            lark_grammar(json.dumps({"type": "structural_tag", "format": node}))
+
+
+def test_ebnf_escapes_and_repeats_translate():
+    """xgrammar's EBNF spellings the argument grammars use: ``\\uXXXX`` in classes and strings,
+    ``{m, -1}`` for an unbounded repeat, lookaheads dropped."""
+    import llguidance
+    lark = lark_grammar(json.dumps({"type": "grammar", "grammar":
+                                    'root ::= "\\u0041" [^\\u0000-\\u001f"]{1, -1} (="!") "!"'}))
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+    for text, admitted in (("Ab!", True), ("Abcd!", True), ("A!", False), ("A\x01!", False)):
+        matcher = llguidance.LLMatcher(tokenizer, lark)
+        ok = all(matcher.consume_token(byte) for byte in text.encode())
+        assert (ok and matcher.is_accepting()) == admitted, text
+
+
+class _Bytes:
+    """A vocabulary of the 128 ASCII bytes and an end token."""
+    eos_token_id, bos_token_id = 128, None
+    tokens = [bytes([i]) for i in range(128)] + [b"\xff<eos>"]
+    special_token_ids = [128]
+
+    def __call__(self, text):
+        return list(text if isinstance(text, bytes) else text.encode())
+
+
+@pytest.mark.parametrize("family,prefix,suffix", [
+    ("hermes", '<tool_call>\n{"name": "search_docs", "arguments": {"query": "', '"}}\n</tool_call>'),
+    ("qwen3_xml", "<tool_call>\n<function=search_docs>\n<parameter=query>\n",
+     "\n</parameter>\n</function>\n</tool_call>"),
+])
+def test_a_long_string_argument_keeps_the_matcher_going(family, prefix, suffix):
+    """A 3,000-character string written a character a token: llguidance's parser stops a row whose
+    open right recursions pass 2,000 items, so a string spelled by right-recursive rules (JSON
+    strings, one rule a character) is one lexeme in the translation, and XML text left-recursive."""
+    import llguidance
+    walker = _walker(family, "required", False)
+    tokenizer, lark = _llguidance(walker)
+    matcher = llguidance.LLMatcher(tokenizer, lark)
+    text = prefix + "ab c" * 750 + suffix
+    for char in text:
+        assert matcher.consume_token(walker.index[char]), matcher.get_error()[:300]
+    assert matcher.consume_token(walker.eos_id) and not matcher.is_error()
