@@ -18,6 +18,9 @@ catalog: nothing of its schemas compiled before):
 * logits-processor stage, first-seen subset of a compiled catalog: the split's envelope;
 * native stage: vLLM's xgrammar backend compiling the request's structural tag (a fresh compiler,
   8 threads, cache on, as vLLM builds it);
+* what ships on the logits-processor stage: the row starts on llguidance's matcher for the tag's
+  translation (``decode/lazy_grammars.py``) while xgrammar compiles in the background: the
+  matcher and its first mask, then a mask a token;
 
 each with the strict tools' string lengths in the grammar (what xgrammar 0.2.8 made of them) and as
 shipped (left to the guard while xgrammar compiles them slowly: ``decode/argument_schemas.py``);
@@ -158,6 +161,55 @@ def xgrammar_arms(info: Any, lengths_in_grammar: bool, samples: int) -> dict[str
     return rows
 
 
+def shipped_arm(info: Any, samples: int, steps: int = 200) -> dict[str, float]:
+    """What ships on the logits-processor stage (``VLLM_ALLOWED_TOOLS_FIRST_SEEN_GRAMMARS``
+    ``llguidance``): a first-seen catalog's row gets llguidance's matcher for the translated tag
+    and its first mask (ms, median, each sample a grammar never seen: its translation cold), the
+    background xgrammar compile left out of the timing (it runs in its own thread); then a mask a
+    token over ``steps`` random allowed tokens (µs, median and max); and llguidance's tokenizer,
+    built once per server in the background at start-up (s)."""
+    import random
+
+    import xgrammar as xgr
+
+    from vllm_allowed_tools.decode.masks import CompiledGrammars
+    functions = catalog()
+    started = time.perf_counter()
+    grammars = CompiledGrammars(info, lazy=True)
+    grammars.lazy._ready.wait()
+    tokenizer_s = time.perf_counter() - started
+    grammars._in_background = lambda grammar, compile_it: None   # timed on its own, above
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    tags = [_tags(functions, False, f"shipped-{sample}")[1] for sample in range(samples)]
+
+    def first(grammar: Any) -> Any:
+        row = grammars.matchers(grammar)
+        row.matcher.fill_next_token_bitmask(bitmask, 0)
+        return row.matcher
+    times = []
+    for grammar in tags:
+        begun = time.perf_counter()
+        matcher = first(grammar)
+        times.append(time.perf_counter() - begun)
+    assert type(matcher).__name__ == "LazyMatcher"
+    rng = random.Random(0)
+    masks = []
+    for _ in range(steps):
+        words = bitmask[0].numpy()
+        allowed = [i for i in range(info.vocab_size) if (int(words[i >> 5]) >> (i & 31)) & 1]
+        if not allowed or matcher.is_terminated():
+            break
+        if not matcher.accept_token(rng.choice(allowed)):
+            break
+        begun = time.perf_counter()
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        masks.append(time.perf_counter() - begun)
+    return {"first-seen catalog, llguidance matcher + first mask ms": statistics.median(times) * 1e3,
+            "mask a token, median us": statistics.median(masks) * 1e6,
+            "mask a token, max ms": max(masks) * 1e3, "tokens masked": len(masks),
+            "llguidance tokenizer at start-up s": tokenizer_s}
+
+
 def llguidance_arm(index: dict[str, int], samples: int) -> float:
     """A matcher for each allowed tool's full schema and its first mask (ms, median)."""
     import llguidance
@@ -245,6 +297,8 @@ def main() -> int:
                               "samples": args.samples}
     if args.forms:
         result["forms ms"] = forms(info)
+    result["shipped: llguidance first"] = shipped_arm(info, args.samples)
+    print(result, flush=True)
     result["lengths left to the guard ms"] = xgrammar_arms(info, False, args.samples)
     print(result, flush=True)
     result["llguidance, lazy masks ms"] = llguidance_arm(index, args.samples)

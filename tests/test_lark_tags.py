@@ -176,3 +176,29 @@ def test_a_long_string_argument_keeps_the_matcher_going(family, prefix, suffix):
     for char in text:
         assert matcher.consume_token(walker.index[char]), matcher.get_error()[:300]
     assert matcher.consume_token(walker.eos_id) and not matcher.is_error()
+
+
+def test_a_schema_pattern_translates_as_xgrammar_reads_it():
+    """xgrammar writes a string ``pattern`` as ``Regex("...", json_string=true)``: the string's value
+    matches the whole pattern (anchored, as xgrammar holds it)."""
+    import llguidance
+    import xgrammar as xgr
+    schema = {"type": "object", "properties": {"c": {"type": "string", "pattern": "^[CDG][A-Z0-9]{2,}$"},
+                                               "d": {"type": "string", "pattern": "ab+"}},
+              "required": ["c", "d"]}
+    ebnf = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+    assert 'json_string=true' in ebnf
+    lark = lark_grammar(json.dumps({"type": "grammar", "grammar": ebnf}))
+    vocab = [chr(c) for c in range(0x20, 0x7F)]
+    info = xgr.TokenizerInfo([*vocab, "<eos>"], stop_token_ids=[len(vocab)])
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+    for c, d in (("CAB", "ab"), ("CA", "ab"), ("xCAB", "abb"), ("GA9Z", "abbb"), ("CAB", "xab"),
+                 ("C\"B", "ab")):
+        text = json.dumps({"c": c, "d": d})
+        xm = xgr.GrammarMatcher(compiled)
+        by_xgrammar = all(xm.accept_token(vocab.index(ch)) for ch in text) and xm.accept_token(len(vocab))
+        lm = llguidance.LLMatcher(tokenizer, lark)
+        by_llguidance = all(lm.consume_token(ord(ch)) for ch in text) and lm.is_accepting()
+        assert by_llguidance == by_xgrammar, text
+        assert by_xgrammar == (c in ("CAB", "GA9Z") and d != "xab"), text

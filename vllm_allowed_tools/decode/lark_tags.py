@@ -283,6 +283,11 @@ _DISPATCH_TEXT = re.compile(r'TagDispatch\(\s*loop_after_dispatch\s*=\s*false\s*
                             r'excludes\s*=\s*\((?P<excludes>(?:\s*"(?:[^"\\]|\\.)*"\s*,?)*)\)\s*\)')
 
 
+#: xgrammar's ``Regex("pattern")`` / ``Regex("pattern", json_string=true)`` (JSON schema patterns)
+_REGEX_CALL = re.compile(r'Regex\(\s*"(?P<pattern>(?:[^"\\]|\\.)*)"\s*'
+                         r'(?:,\s*json_string\s*=\s*(?P<json>true|false)\s*)?\)')
+
+
 def _repeat(suffix: str) -> str:
     """An EBNF repetition suffix in Lark (xgrammar writes an unbounded ``{m,}`` as ``{m, -1}``)."""
     suffix = re.sub(r"\s", "", suffix)
@@ -298,6 +303,20 @@ class _Ebnf:
         #: strings are written one character a lexeme (a grammar with excluding text: see
         #: :meth:`_dispatch_text`)
         self.char_level = False
+        #: placeholder name -> its Lark expression (:meth:`_regex_call`)
+        self.raw: dict[str, str] = {}
+
+    def _regex_call(self, match: re.Match[str]) -> str:
+        """xgrammar's ``Regex("p")`` (a JSON schema ``pattern``; ``json_string=true``: the value of
+        a JSON string, its quotes outside): a lexeme of the regex, a string value's also held to
+        what a JSON string holds unescaped (escapes are not written for it)."""
+        pattern = "".join(_char(c) for c in _unescape(match.group("pattern")))
+        body = _regex(pattern.removeprefix("^").removesuffix("$"))
+        if match.group("json") == "true":
+            body += " & " + _regex(r'[^"\\\x00-\x1f]*')
+        name = self.builder.name("x")
+        self.raw[name] = self.builder.terminal(body)
+        return name
 
     def _dispatch_text(self, match: re.Match[str]) -> str:
         """xgrammar's ``TagDispatch`` with no tags: text holding none of its excludes, ended by
@@ -359,6 +378,7 @@ class _Ebnf:
 
     def root(self, text: str) -> str:
         text = _DISPATCH_TEXT.sub(self._dispatch_text, text)
+        text = _REGEX_CALL.sub(self._regex_call, text)
         tokens = self._tokens(text)
         rules: dict[str, list[tuple[str, str]]] = {}
         i = 0
@@ -458,6 +478,8 @@ class _Ebnf:
             elif kind == "name" and re.fullmatch(r"d\d+", value) \
                     and value not in rules:   # a dispatch text's automaton (:meth:`_dispatch_text`)
                 item, i = ("dispatch", value), i + 1
+            elif kind == "name" and value in self.raw and value not in rules:   # a Regex(...)
+                item, i = ("dispatch", self.raw[value]), i + 1
             elif kind == "name":
                 if value not in rules:
                     raise UntranslatableTag(f"EBNF: rule {value!r} is not defined")
