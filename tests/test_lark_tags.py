@@ -202,3 +202,55 @@ def test_a_schema_pattern_translates_as_xgrammar_reads_it():
         by_llguidance = all(lm.consume_token(ord(ch)) for ch in text) and lm.is_accepting()
         assert by_llguidance == by_xgrammar, text
         assert by_xgrammar == (c in ("CAB", "GA9Z") and d != "xab"), text
+
+
+#: schema shapes MCP servers publish: a string format, patterns, an ``anyOf`` tree, a long enum,
+#: nested arrays of objects, bounds (what the grammar keeps of them: decode/argument_schemas.py)
+RICH = {
+    "post_message": {"type": "object", "properties": {
+        "channel": {"type": "string", "pattern": "^[CDG][A-Z0-9]{8,}$"},
+        "text": {"type": "string", "maxLength": 40000},
+        "notify": {"type": "string", "format": "email"}}, "required": ["channel", "text"]},
+    "query": {"type": "object", "properties": {"filter": {"anyOf": [
+        {"type": "object", "properties": {"property": {"type": "string"},
+                                          "equals": {"type": ["string", "number", "boolean"]}},
+         "required": ["property", "equals"]},
+        {"type": "object", "properties": {"and": {"type": "array", "items": {"type": "object"}}},
+         "required": ["and"]}]},
+        "zone": {"type": "string", "enum": [f"Zone/{i:03d}" for i in range(60)]},
+        "rows": {"type": "array", "items": {"type": "object", "properties": {
+            "id": {"type": "integer", "minimum": 0}, "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["id"]}, "maxItems": 5}}, "required": ["filter"]},
+}
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_rich_schemas_translate_as_the_tag_admits(mode):
+    import llguidance
+    functions = [AllowedFunction(name, schema, True) for name, schema in RICH.items()]
+    tag = build_structural_tag("hermes", functions, mode, parallel_tool_calls=True)
+    walker = GrammarWalker(tag, format_tokens("hermes", tag))
+    tokenizer, lark = _llguidance(walker)
+    rng = random.Random(mode)
+    walked = 0
+    for _ in range(2 * WALKS):
+        try:
+            tokens = walker.walk_tokens(rng, prefix=("<tool_call>",) if mode == "auto" else ())
+        except WalkError:
+            continue
+        matcher = llguidance.LLMatcher(tokenizer, lark)
+        assert all(matcher.consume_token(walker.index[t]) for t in tokens), matcher.get_error()[:300]
+        assert matcher.consume_token(walker.eos_id), "".join(tokens)
+        walked += 1
+    assert walked >= WALKS
+    for _ in range(2 * WALKS):
+        matcher = llguidance.LLMatcher(tokenizer, lark)
+        written: list[str] = []
+        for step in range(800):
+            allowed = _allowed(matcher, len(walker.vocab))
+            token = walker.eos_id if step > 60 and walker.eos_id in allowed else rng.choice(allowed)
+            if token == walker.eos_id:
+                assert walker.accepts(written), f"xgrammar refused llguidance's {''.join(written)!r}"
+                break
+            assert matcher.consume_token(token)
+            written.append(walker.vocab[token])

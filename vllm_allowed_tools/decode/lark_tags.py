@@ -249,9 +249,9 @@ def _unescape(body: str) -> list[str]:
             out.append(chr(int(digits, 16)))
             i += 2 + width
             continue
-        if nxt not in _ESCAPES:
+        if nxt not in _ESCAPES and (not nxt or nxt.isalnum()):
             raise UntranslatableTag(f"an EBNF escape \\{nxt}")
-        out.append("\x00ESC" + _ESCAPES[nxt])   # an escaped character (never a range dash)
+        out.append("\x00ESC" + _ESCAPES.get(nxt, nxt))   # punctuation escaped: itself   # an escaped character (never a range dash)
         i += 2
     return out
 
@@ -310,7 +310,7 @@ class _Ebnf:
         """xgrammar's ``Regex("p")`` (a JSON schema ``pattern``; ``json_string=true``: the value of
         a JSON string, its quotes outside): a lexeme of the regex, a string value's also held to
         what a JSON string holds unescaped (escapes are not written for it)."""
-        pattern = "".join(_char(c) for c in _unescape(match.group("pattern")))
+        pattern = match.group("pattern").replace('\\"', '"')   # the regex as written, quotes escaped
         body = _regex(pattern.removeprefix("^").removesuffix("$"))
         if match.group("json") == "true":
             body += " & " + _regex(r'[^"\\\x00-\x1f]*')
