@@ -104,7 +104,7 @@ class CompiledGrammars:
             except UntranslatableTag as exc:
                 logger.info("vllm-allowed-tools: %s; the row waits for xgrammar's compile", exc)
             else:
-                self._in_background(grammar, self._compile_own)
+                self._in_background(grammar, self._compile_after_llguidance)
                 return RowMatchers(lazy, None, provisional=True)
         if grammar.catalog is not None and grammar.envelope is not None:
             own = self.ready(grammar) if self.upgrade else None
@@ -158,6 +158,15 @@ class CompiledGrammars:
         finally:
             with self._jobs_lock:
                 self._jobs.pop(grammar.digest, None)
+
+    def _compile_after_llguidance(self, grammar: GrammarText) -> Any:
+        started = time.perf_counter()
+        self._compile_own(grammar)
+        if self._cache.peek(grammar.digest) is not None:
+            logging.getLogger("vllm.allowed_tools").info(
+                "vllm-allowed-tools: a first-seen grammar (%d KB) started on llguidance; xgrammar "
+                "compiled it in the background in %.2f s and its rows moved onto it",
+                len(grammar.tag_json) // 1024, time.perf_counter() - started)
 
     def _compile_catalog(self, grammar: GrammarText) -> Any:
         started = time.perf_counter()
