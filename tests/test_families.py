@@ -200,3 +200,24 @@ def test_call_markup_no_parser_reads_leaves_the_text_before_it_and_a_warning(tok
         read = parser.extract_tool_calls("Sure. " + unreadable, request)
     assert read.tools_called and read.tool_calls == [] and read.content == "Sure. ", read
     assert any("read no call from the call markup" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("family", ["hermes", "seed_oss"])
+def test_an_auto_selection_with_a_response_format_keeps_the_tag_vllm_built_beside_it(tokenizer_for, family):
+    """vLLM's serving layer builds an auto turn's tag before the wrapper runs, with the client's
+    response format beside the calls (the wrapper's tag of the allowed subset, or the format); the
+    wrapper keeps that tag."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from vllm_allowed_tools.request.rewrite import rewrite_request
+
+    from support.calls import chat_selection
+    from support.parsers import served
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}],
+            "tools": [POOL_BY_NAME[name].chat_tool() for name in (ALLOWED, OTHER)],
+            "tool_choice": chat_selection("auto", [ALLOWED]), "response_format": {"type": "json_object"}}
+    request = ChatCompletionRequest(**rewrite_request(body, "chat").body)
+    adjusted = served(tokenizer_for(family), f"allowed_{family}", request).adjust_request(request)
+    tag = json.loads(adjusted.structured_outputs.structural_tag)
+    assert tag["format"]["type"] == "or" and len(tag["format"]["elements"]) == 2, tag   # calls | format
+    assert ALLOWED in json.dumps(tag) and OTHER not in json.dumps(tag)

@@ -87,6 +87,7 @@ class TurnRead:
     has_tools: bool = True
     outputs: Outputs | None = None            # the structured outputs as they stand (vLLM's, or a client's)
     client_format: bool = False               # a policy turn's client asked for a response format
+                                              # (not asked once vLLM set a tag format's tag)
     xargs_tag: str | None = None              # a grammar the request already hands our processor
     max_tokens: int | None = None             # the request's output budget
     reasoning_shown: bool = True              # ``include_reasoning`` is not false

@@ -29,6 +29,11 @@ def read_turn(request: Any, allowlist: WireAllowlist | None, wrapper: Wrapper) -
                 if builtin != "python"} if server else {}
     server_turn = registered(getattr(request, "model_extra", None)) if server else None
     custom = allowlist.custom if allowlist is not None else {}
+    # the client's response format, a policy turn's (a plain turn's is vLLM's business); where
+    # vLLM's own parser already set a tag format's structural tag (DelegatingParser.
+    # _apply_structural_tag, the client's format beside the calls) the turn keeps it and asks none
+    tagged = wrapper.tag_model is not None and outputs is not None and outputs.structural_tag is not None
+    client_format = allowlist is not None and not tagged and request.extract_structured_outputs() is not None
     return TurnRead(
         wrapper=wrapper, allowlist=allowlist,
         catalog=tuple(AllowedFunction(name=function.name, parameters=function.parameters,
@@ -40,9 +45,7 @@ def read_turn(request: Any, allowlist: WireAllowlist | None, wrapper: Wrapper) -
         parallel_tool_calls=getattr(request, "parallel_tool_calls", None) is not False,
         has_tools=bool(getattr(request, "tools", None)),
         outputs=None if outputs is None else Outputs(outputs.structural_tag, outputs.json),
-        # vLLM's own parser read it before (DelegatingParser._apply_structural_tag); a plain turn's
-        # is vLLM's business
-        client_format=allowlist is not None and request.extract_structured_outputs() is not None,
+        client_format=client_format,
         xargs_tag=(getattr(request, "vllm_xargs", None) or {}).get(XARGS_TAG),
         max_tokens=requested_max_tokens(request),
         reasoning_shown=getattr(request, "include_reasoning", True) is not False,
