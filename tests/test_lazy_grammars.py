@@ -145,3 +145,18 @@ def test_without_llguidance_the_row_waits_for_xgrammar(tokenizer, monkeypatch):
     monkeypatch.setattr(lazy_grammars, "lark_grammar", untranslatable)
     row = grammars.matchers(_grammar({"tool_0"}, "untranslatable"))
     assert isinstance(row.matcher, xgr.GrammarMatcher) and not row.provisional
+
+
+def test_a_row_llguidance_gives_up_on_may_only_stop(tokenizer):
+    """Where llguidance stops a row (one of its limits), the row's mask holds its stop tokens only,
+    never nothing at all (a row with no token allowed would sample from -inf logits)."""
+    grammars = _grammars(tokenizer)
+    eos = tokenizer.eos_token_id
+    matcher = grammars.lazy.matcher(_grammar({"tool_0"}, "gives-up"), [eos])
+    assert not matcher.accept_token(tokenizer.convert_tokens_to_ids("{"))   # refused: an error
+    bitmask = xgr.allocate_token_bitmask(1, len(tokenizer))
+    matcher.fill_next_token_bitmask(bitmask, 0)
+    words = bitmask[0].tolist()
+    allowed = [i for i in range(len(tokenizer)) if (words[i >> 5] >> (i & 31)) & 1]
+    assert allowed == [eos]
+    assert matcher.accept_token(eos) and matcher.is_terminated()

@@ -103,8 +103,9 @@ class CompiledGrammars:
                 lazy = self.lazy.matcher(grammar, stop_token_ids)
             except UntranslatableTag as exc:
                 logger.info("vllm-allowed-tools: %s; the row waits for xgrammar's compile", exc)
-            else:
-                self._in_background(grammar, self._compile_after_llguidance)
+            else:   # past PENDING_LIMIT queued compiles the row stays on llguidance
+                if len(self._jobs) < self.PENDING_LIMIT:
+                    self._in_background(grammar, self._compile_after_llguidance)
                 return RowMatchers(lazy, None, provisional=True)
         if grammar.catalog is not None and grammar.envelope is not None:
             own = self.ready(grammar) if self.upgrade else None

@@ -6,6 +6,7 @@ xgrammar's matcher once the background compile is done. No vLLM imports."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -15,6 +16,8 @@ from .lru import LRU
 from .stage import ConstraintArgsError, GrammarText, tag_digest
 
 __all__ = ["LazyGrammars", "LazyMatcher", "UntranslatableTag"]
+
+logger = logging.getLogger(__name__)
 
 #: llguidance marks a special token by this first byte (its text is then never free text)
 _SPECIAL = b"\xff"
@@ -30,12 +33,13 @@ class LazyMatcher:
         self._stops = frozenset(stops)
         self._all_stops = tuple(sorted(set(tokenizer_stops) | self._stops))
         self._terminated = False
+        self._reported = False
 
     def accept_token(self, token: int) -> bool:
         if self._terminated:
             return False
         if token in self._all_stops:
-            if token in self._stops and self._matcher.is_accepting():
+            if token in self._stops and (self._matcher.is_accepting() or self._matcher.is_error()):
                 self._terminated = True
                 return True
             return False
@@ -52,6 +56,13 @@ class LazyMatcher:
         fill_next_token_bitmask(self._matcher, bitmask, index)
         words = bitmask[index].numpy()
         accepting = self._matcher.is_accepting()
+        if self._matcher.is_error():   # llguidance gave up (a limit): the row may only stop now
+            if not self._reported:
+                self._reported = True
+                logger.error("vllm-allowed-tools: llguidance stopped a row (%s); it may only stop "
+                             "now", self._matcher.get_error()[:200])
+            words[:] = 0
+            accepting = True
         for token in self._all_stops:
             word, bit = divmod(token, 32)
             if word >= len(words):
