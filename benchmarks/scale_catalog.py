@@ -20,7 +20,9 @@ For each catalog size, side by side in one run:
   compiler (nothing compiled before), matcher made: what the native stage, and the
   logits-processor stage before the catalog is ready, compile on the request's path
   (``decode/argument_schemas.py`` leaves the lengths to the guard while xgrammar compiles them
-  slowly; ``benchmarks/compile_cliff.py`` sets the options side by side).
+  slowly; ``benchmarks/compile_cliff.py`` sets the options side by side); and the same subset as
+  the logits-processor stage ships it (``llguidance first``: the tag built, llguidance's matcher
+  for its translation and the first mask, xgrammar's compile left to the background).
 
 The last columns are the slope of a least-squares line through the sizes: the cost of each added
 tool. Nothing is asserted: docs/benchmarks.md records a run.
@@ -124,8 +126,19 @@ def bench_grammars(functions: list[AllowedFunction], info: Any, subsets: int, rn
     xgr.GrammarMatcher(xgr.GrammarCompiler(info, max_threads=8, cache_enabled=True).compile_structural_tag(
         turn_tag("hermes", lengths, allowlist_digest=f"lengths-{rng.random()}", **common).json))
     lengths_s = time.perf_counter() - start
+    lazy = CompiledGrammars(info, lazy=True)   # what ships on the logits-processor stage
+    lazy.lazy._ready.wait()                    # its tokenizer: built once, at start-up
+    lazy._in_background = lambda grammar, compile_it: None   # the background compile, not timed
+    start = time.perf_counter()
+    lengths_grammar = read_extra_args(constraint_extra_args(
+        turn_tag("hermes", lengths, allowlist_digest=f"lazy-{rng.random()}", **common)))
+    row = lazy.matchers(lengths_grammar)
+    row.matcher.fill_next_token_bitmask(xgr.allocate_token_bitmask(1, info.vocab_size), 0)
+    lazy_s = time.perf_counter() - start
+    assert row.provisional and row.envelope is None
     return {f"catalog compile {tag} ms": compile_s * 1e3,
             f"new maxLength subset {tag} ms": lengths_s * 1e3,
+            f"new maxLength subset, llguidance first {tag} ms": lazy_s * 1e3,
             f"new subset, split {tag} ms": _median_ms(split_samples[1:]),
             f"new subset, own grammar {tag} ms": _median_ms(native_samples[1:]),
             "catalog tag build ms": build_s * 1e3, "catalog tag KB": len(halves.catalog.json) / 1024}
