@@ -139,10 +139,13 @@ def prompt_reuse(url: str, rng: random.Random, turns: int) -> float:
 
 
 def _wait_for_catalog(server: TinyServer, timeout: float) -> None:
-    """Until the engine logged the catalog's compile (started by the first constrained request), so
-    the split's new subsets compile only their envelopes."""
+    """Until the engine logged the first constrained request's compile: the catalog's (then the
+    split's new subsets compile only their envelopes) or, as the logits-processor stage ships
+    (``VLLM_ALLOWED_TOOLS_FIRST_SEEN_GRAMMARS=llguidance``), the request's own grammar behind its
+    llguidance start (then new subsets start on llguidance too)."""
     deadline = time.monotonic() + timeout
-    while "compiled a catalog grammar" not in server.log_path.read_text(errors="replace"):
+    while not any(line in server.log_path.read_text(errors="replace")
+                  for line in ("compiled a catalog grammar", "started on llguidance")):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the catalog grammar was not compiled in {timeout:.0f} s:\n"
                                + server.log_tail())

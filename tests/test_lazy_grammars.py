@@ -140,7 +140,7 @@ def test_without_llguidance_the_row_waits_for_xgrammar(tokenizer, monkeypatch):
         reset_for_tests()
     grammars = _grammars(tokenizer)
 
-    def untranslatable(tag_json):
+    def untranslatable(tag_json, **options):
         raise lazy_grammars.UntranslatableTag("not covered")
     monkeypatch.setattr(lazy_grammars, "lark_grammar", untranslatable)
     row = grammars.matchers(_grammar({"tool_0"}, "untranslatable"))
@@ -160,3 +160,13 @@ def test_a_row_llguidance_gives_up_on_may_only_stop(tokenizer):
     allowed = [i for i in range(len(tokenizer)) if (words[i >> 5] >> (i & 31)) & 1]
     assert allowed == [eos]
     assert matcher.accept_token(eos) and matcher.is_terminated()
+
+
+def test_an_auto_turn_waits_for_xgrammar(tokenizer):
+    """Free text between calls stays xgrammar's: llguidance admits only valid UTF-8 token by token,
+    and a plain auto turn's text must be what vanilla vLLM samples (tests/test_serving_e2e.py)."""
+    grammars = _grammars(tokenizer)
+    row = grammars.matchers(_grammar({"tool_0"}, "auto-turn", mode="auto"))
+    assert isinstance(row.matcher, xgr.GrammarMatcher)
+    row = grammars.matchers(_grammar({"tool_0"}, "required-turn"))
+    assert isinstance(row.matcher, LazyMatcher)

@@ -27,12 +27,20 @@ from .lark_ebnf import EbnfRules, UntranslatableTag, characters, contains_any, l
 __all__ = ["UntranslatableTag", "lark_grammar"]
 
 
-def lark_grammar(tag_json: str) -> str:
-    """The llguidance Lark grammar admitting what the structural tag ``tag_json`` admits."""
+def lark_grammar(tag_json: str, *, free_text: bool = True) -> str:
+    """The llguidance Lark grammar admitting what the structural tag ``tag_json`` admits.
+
+    ``free_text=False`` refuses a tag with free text outside its calls (an ``auto`` turn's): there
+    llguidance admits only text that is valid UTF-8 token by token, where xgrammar admits any token
+    (a model may write a character's bytes in tokens that are not), so a plain turn's text would
+    no longer be what vanilla vLLM samples."""
     tag = json.loads(tag_json)
     node = tag.get("format", tag) if isinstance(tag, Mapping) else tag
     builder = _Builder()
     start = builder.node(node, last=True)
+    if not free_text and builder.free_text:
+        raise UntranslatableTag("free text outside the calls (an auto turn: llguidance admits only "
+                                "valid UTF-8 there, xgrammar any token)")
     return "\n".join(["%llguidance {}", f"start: {start}", *builder.rules]) + "\n"
 
 
@@ -45,6 +53,8 @@ class _Builder:
     def __init__(self) -> None:
         self.rules: list[str] = []
         self._count = 0
+        #: free text outside any call (triggered tags' text, text to the end of the output)
+        self.free_text = False
 
     def name(self, prefix: str = "r") -> str:
         self._count += 1
@@ -96,14 +106,15 @@ class _Builder:
         if kind == "any_text":
             if not last:
                 raise UntranslatableTag("free text (any_text) that something follows, outside a tag")
-            return self.free_text(node)
+            self.free_text = True
+            return self.text_node(node)
         if kind == "triggered_tags":
             return self.triggered(node, last=last)
         if kind == "tags_with_separator":
             return self.separated(node)
         raise UntranslatableTag(f"structural tag format {kind!r} is not translated")
 
-    def free_text(self, node: Mapping[str, Any]) -> str:
+    def text_node(self, node: Mapping[str, Any]) -> str:
         text = self.text(node.get("excludes") or (), node.get("max_chars"))
         if node.get("max_tokens") is None:
             return text
@@ -134,9 +145,10 @@ class _Builder:
             if end_strings is not None and not any(end_strings):   # no end: text to the output's
                 if not last:
                     raise UntranslatableTag("a tag of free text with an empty end that something follows")
-                return f"({begin_expr} {self.free_text(content)})"
+                self.free_text = True   # an answer's text (harmony's final channel)
+                return f"({begin_expr} {self.text_node(content)})"
             if end_strings is None:   # a special token: text can never spell it
-                return f"({begin_expr} {self.free_text(content)} {end_expr})"
+                return f"({begin_expr} {self.text_node(content)} {end_expr})"
             if content.get("max_tokens") is not None:
                 raise UntranslatableTag("free text bounded in tokens (any_text max_tokens) up to "
                                         "an end written as text")
@@ -153,6 +165,7 @@ class _Builder:
         """Free text, a tag at each trigger (the trigger ends the text: one lazy lexeme), free text
         after it, as xgrammar reads ``at_least_one`` (no text before the first tag) and
         ``stop_after_first`` (nothing after the first tag)."""
+        self.free_text = True
         triggers: list[str] = list(node["triggers"])
         tags = node["tags"]
         excludes = list(node.get("excludes") or ())

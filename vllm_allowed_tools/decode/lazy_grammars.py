@@ -151,7 +151,7 @@ class LazyGrammars:
         if lark is None:
             if tag_digest(grammar.tag_json) != grammar.digest:
                 raise ConstraintArgsError("structural tag digest mismatch")
-            lark = lark_grammar(grammar.tag_json)
+            lark = lark_grammar(grammar.tag_json, free_text=False)
             self._translations.put(grammar.digest, lark, len(lark))
         matcher = llguidance.LLMatcher(self._tokenizer, lark, log_level=0)
         if matcher.is_error():
