@@ -4,7 +4,8 @@ xgrammar (vLLM 0.32/0.33 pin 0.2.8) precomputes a token-mask cache when it compi
 at a 150K vocabulary that takes 0.1-0.5 s a tool with free strings, more for a whole catalog
 (docs/benchmarks.md, the compile cliff). llguidance computes each mask when it is asked for, from
 a lexer and an Earley parser, so a matcher is ready in about a millisecond. The logits-processor
-stage (:mod:`.compiled`) serves a row whose grammar is not compiled yet with this translation,
+stage (:mod:`.compiled`) serves a ``required`` or named turn's row whose grammar is not compiled
+yet with this translation (an ``auto`` turn's free text stays xgrammar's: :func:`lark_grammar`),
 while xgrammar compiles in the background, and moves the row onto xgrammar's matcher once it is
 ready (the tokens so far replayed): the translation must admit exactly what the tag admits, which
 ``tests/test_lark_tags.py`` checks by walking both matchers over every format's grammars.
