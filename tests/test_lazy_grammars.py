@@ -15,6 +15,7 @@ import torch
 import xgrammar as xgr
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
+from vllm_allowed_tools.decode.lark_tags import lark_grammar
 from vllm_allowed_tools.decode.lazy_grammars import LazyMatcher
 from vllm_allowed_tools.decode.masks import CompiledGrammars, MaskedBatch
 from vllm_allowed_tools.decode.split import constraint_extra_args
@@ -162,11 +163,21 @@ def test_a_row_llguidance_gives_up_on_may_only_stop(tokenizer):
     assert matcher.accept_token(eos) and matcher.is_terminated()
 
 
-def test_an_auto_turn_waits_for_xgrammar(tokenizer):
+def test_an_auto_turn_waits_for_xgrammar(tokenizer, monkeypatch):
     """Free text between calls stays xgrammar's: llguidance admits only valid UTF-8 token by token,
-    and a plain auto turn's text must be what vanilla vLLM samples (tests/test_serving_e2e.py)."""
-    grammars = _grammars(tokenizer)
-    row = grammars.matchers(_grammar({"tool_0"}, "auto-turn", mode="auto"))
-    assert isinstance(row.matcher, xgr.GrammarMatcher)
+    and a plain auto turn's text must be what vanilla vLLM samples (tests/test_serving_e2e.py). The
+    refusal is kept, so the grammar is translated once, not once a row."""
+    from vllm_allowed_tools.decode import lazy_grammars
+    translated = []
+    monkeypatch.setattr(lazy_grammars, "lark_grammar",
+                        lambda *args, **options: translated.append(1) or lark_grammar(*args, **options))
+    grammars = _grammars(tokenizer, max_threads=1)
+    grammars._in_background = lambda grammar, compile_it: None   # noqa: E731
+    grammars.get = lambda grammar: grammars._compile(grammar)    # noqa: E731 (never cached: asked again)
+    auto = _grammar({"tool_0"}, "auto-turn", mode="auto")
+    for _ in range(2):
+        row = grammars.matchers(auto)
+        assert isinstance(row.matcher, xgr.GrammarMatcher)
+    assert len(translated) == 1
     row = grammars.matchers(_grammar({"tool_0"}, "required-turn"))
     assert isinstance(row.matcher, LazyMatcher)

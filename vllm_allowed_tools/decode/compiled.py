@@ -12,6 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from ..settings import FIRST_SEEN_LLGUIDANCE, current
+from .lazy_grammars import LazyGrammars, UntranslatableTag
 from .lru import LRU as _LRU
 from .stage import tag_digest
 from .stage import ConstraintArgsError, GrammarText, RequestGrammar
@@ -55,8 +56,7 @@ class CompiledGrammars:
         self.upgrade = upgrade
         # a row whose grammar is not compiled yet starts on llguidance (:mod:`.lazy_grammars`)
         if upgrade and (lazy if lazy is not None else settings.first_seen_grammars == FIRST_SEEN_LLGUIDANCE):
-            from .lazy_grammars import LazyGrammars
-            self.lazy: Any = LazyGrammars(tokenizer_info, hf_tokenizer)
+            self.lazy: LazyGrammars | None = LazyGrammars(tokenizer_info, hf_tokenizer)
         else:
             self.lazy = None
         # xgrammar's own cache keeps the pieces it compiled (each tool's argument schema, the
@@ -98,7 +98,6 @@ class CompiledGrammars:
         import xgrammar as xgr
         stops = list(stop_token_ids) or None
         if self.lazy is not None and self.ready(grammar) is None:
-            from .lazy_grammars import UntranslatableTag
             try:
                 lazy = self.lazy.matcher(grammar, stop_token_ids)
             except UntranslatableTag as exc:
@@ -160,7 +159,7 @@ class CompiledGrammars:
             with self._jobs_lock:
                 self._jobs.pop(grammar.digest, None)
 
-    def _compile_after_llguidance(self, grammar: GrammarText) -> Any:
+    def _compile_after_llguidance(self, grammar: GrammarText) -> None:
         started = time.perf_counter()
         self._compile_own(grammar)
         if self._cache.peek(grammar.digest) is not None:

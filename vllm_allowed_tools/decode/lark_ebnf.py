@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .lark_regular import RegularRules
+from .safe_json import marker_automaton
 
 __all__ = ["EbnfRules", "UntranslatableTag", "characters", "contains_any", "literal", "regex"]
 
@@ -147,54 +148,28 @@ class EbnfRules:
         what follows it (an exclude). One lexeme for that text would swallow the start of the
         closing string (llguidance's lexer does not give bytes back), so the text is an automaton
         over single characters (Aho-Corasick: its states the excludes' prefixes written so far),
-        and the grammar's strings are written one character at a time, so no lexeme spans one."""
+        and the grammar's strings are written one character at a time, so no lexeme spans one. The
+        automaton is :mod:`.safe_json`'s, which keeps markers out of JSON strings the same way."""
         excludes = [bytes(body, "utf-8").decode("unicode_escape") if "\\" in body else body
                     for body in re.findall(r'"((?:[^"\\]|\\.)*)"', match.group("excludes"))]
         if not excludes or any(not e for e in excludes):
             raise UntranslatableTag("a TagDispatch text without excludes")
         self.char_level = True
         name = self.builder.name("d")
-        # the trie of the excludes: state -> {char: state}; a state that spells a whole exclude is dead
-        children: list[dict[str, int]] = [{}]
-        dead = [False]
-        for exclude in excludes:
-            state = 0
-            for char in exclude:
-                if char not in children[state]:
-                    children.append({})
-                    dead.append(False)
-                    children[state][char] = len(children) - 1
-                state = children[state][char]
-            dead[state] = True
-        fail = [0] * len(children)
-        order = list(children[0].values())
-        for state in order:   # breadth first: a state's failure link is shorter than it
-            for char, child in children[state].items():
-                link = fail[state]
-                while link and char not in children[link]:
-                    link = fail[link]
-                fail[child] = children[link].get(char, 0) if children[link].get(char, 0) != child else 0
-                dead[child] = dead[child] or dead[fail[child]]
-                order.append(child)
-        alphabet = sorted({char for exclude in excludes for char in exclude})
-
-        def step(state: int, char: str) -> int:
-            while state and char not in children[state]:
-                state = fail[state]
-            return children[state].get(char, 0)
-
+        automaton = marker_automaton(tuple(excludes))
+        alphabet = sorted(automaton.alphabet)
         # left-recursive rules (Earley keeps a constant number of items a character on them):
         # name_s is text whose automaton ends in state s; the text is any live state
-        other = "/[^" + "".join(f"\\x{{{ord(c):x}}}" for c in alphabet) + "]/"
-        live = [state for state in range(len(children)) if not dead[state]]
+        other = "/[^" + "".join(f"\\x{{{char:x}}}" for char in alphabet) + "]/"
+        live = [state for state in range(len(automaton.goto)) if state not in automaton.dead]
         into: dict[int, list[str]] = {state: [] for state in live}
         into[0].append('""')
         for state in live:
             into[0].append(f"{name}_{state} {other}")
             for char in alphabet:
-                target = step(state, char)
-                if not dead[target]:
-                    into[target].append(f"{name}_{state} {literal(char)}")
+                target = automaton.step(state, char)
+                if target not in automaton.dead:
+                    into[target].append(f"{name}_{state} {literal(chr(char))}")
         for state in live:
             self.builder.rules.append(f"{name}_{state}: " + " | ".join(into[state]))
         self.builder.rules.append(f"{name}: " + " | ".join(f"{name}_{state}" for state in live))

@@ -151,8 +151,13 @@ class LazyGrammars:
         if lark is None:
             if tag_digest(grammar.tag_json) != grammar.digest:
                 raise ConstraintArgsError("structural tag digest mismatch")
-            lark = lark_grammar(grammar.tag_json, free_text=False)
-            self._translations.put(grammar.digest, lark, len(lark))
+            try:
+                lark = lark_grammar(grammar.tag_json, free_text=False)
+            except UntranslatableTag as refused:   # kept too: an auto turn's rows ask again
+                lark = refused
+            self._translations.put(grammar.digest, lark, len(str(lark)))
+        if isinstance(lark, UntranslatableTag):
+            raise lark
         matcher = llguidance.LLMatcher(self._tokenizer, lark, log_level=0)
         if matcher.is_error():
             raise UntranslatableTag(f"llguidance refused the translation: {matcher.get_error()[:200]}")

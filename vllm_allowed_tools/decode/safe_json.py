@@ -85,7 +85,7 @@ _QUOTE = 0x22
 
 
 @dataclass(frozen=True)
-class _Automaton:
+class MarkerAutomaton:
     """Aho-Corasick over the markers: ``step(state, char)``; ``dead`` states complete a marker."""
     goto: tuple[dict[int, int], ...]
     fail: tuple[int, ...]
@@ -99,7 +99,8 @@ class _Automaton:
 
 
 @lru_cache(maxsize=64)
-def _automaton(markers: tuple[str, ...]) -> _Automaton:
+def marker_automaton(markers: tuple[str, ...]) -> MarkerAutomaton:
+    """Aho-Corasick over ``markers`` (cached): a text that reaches a ``dead`` state holds one."""
     goto: list[dict[int, int]] = [{}]
     terminal = [False]
     for marker in markers:
@@ -123,10 +124,10 @@ def _automaton(markers: tuple[str, ...]) -> _Automaton:
             fail[target] = goto[back].get(char, 0) if goto[back].get(char, 0) != target else 0
             queue.append(target)
     dead = frozenset(state for state, is_dead in enumerate(terminal) if is_dead)
-    return _Automaton(tuple(goto), tuple(fail), dead, frozenset(c for m in markers for c in map(ord, m)))
+    return MarkerAutomaton(tuple(goto), tuple(fail), dead, frozenset(c for m in markers for c in map(ord, m)))
 
 
-def _split(automaton: _Automaton, state: int, ranges: Ranges) -> dict[int, Ranges]:
+def _split(automaton: MarkerAutomaton, state: int, ranges: Ranges) -> dict[int, Ranges]:
     """``ranges`` split by the state each character leads to from ``state`` (dead ones dropped)."""
     special = sorted(c for c in automaton.alphabet if any(low <= c <= high for low, high in ranges))
     targets: dict[int, Ranges] = {}
@@ -147,7 +148,7 @@ def _representatives(markers: tuple[str, ...]) -> dict[int, int]:
     ``<t`` and ``</t`` (``<tool_call>``, ``</tool_call>``) only differ in a marker they have both
     yet to finish, and one rule serves them. Every character outside the markers leads to state
     0 and an escape starts over, so the markers' characters (and the quote) tell states apart."""
-    automaton = _automaton(markers)
+    automaton = marker_automaton(markers)
     live = [state for state in range(len(automaton.goto)) if state not in automaton.dead]
     chars = sorted(automaton.alphabet | {_QUOTE})
     block = {state: 0 for state in live}
@@ -223,7 +224,7 @@ class _Printer:
     """The rules of one marker set's string automaton, printed as :func:`string_rules` says."""
 
     def __init__(self, markers: tuple[str, ...], prefix: str) -> None:
-        self.automaton = _automaton(markers)
+        self.automaton = marker_automaton(markers)
         self.same = _representatives(markers)
         self.prefix = prefix
         self.rules: dict[str, str] = {}
