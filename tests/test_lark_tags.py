@@ -254,3 +254,15 @@ def test_rich_schemas_translate_as_the_tag_admits(mode):
                 break
             assert matcher.consume_token(token)
             written.append(walker.vocab[token])
+
+
+def test_rule_names_that_lowercase_alike_stay_apart():
+    """Lark rule names are lowercase; a client's custom grammar may name ``aB`` and ``Ab``."""
+    import llguidance
+    lark = lark_grammar(json.dumps({"type": "grammar", "grammar":
+                                    'root ::= aB Ab\naB ::= "x"\nAb ::= "y"'}))
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+    for text, admitted in (("xy", True), ("xx", False), ("yy", False)):
+        matcher = llguidance.LLMatcher(tokenizer, lark)
+        ok = all(matcher.consume_token(byte) for byte in text.encode())
+        assert (ok and matcher.is_accepting()) == admitted, text

@@ -130,6 +130,7 @@ class EbnfRules:
         self.char_level = False
         #: placeholder name -> its Lark expression (:meth:`_regex_call`)
         self.raw: dict[str, str] = {}
+        self._names: dict[str, str] = {}
 
     def _regex_call(self, match: re.Match[str]) -> str:
         """xgrammar's ``Regex("p")`` (a JSON schema ``pattern``; ``json_string=true``: the value of
@@ -230,8 +231,11 @@ class EbnfRules:
         return "(" + (" | " if kind == "alt" else " ").join(parts) + ")"
 
     def _name(self, name: str) -> str:
-        return self.prefix + re.sub(r"[^a-z0-9_]", "_", name.lower()) + "_" + format(
-            sum(ord(c) for c in name) % 997, "x")
+        """The Lark name of EBNF rule ``name``: lowercased for Lark, numbered so that no two rules
+        share one (``aB`` and ``Ab`` lowercase alike)."""
+        if name not in self._names:
+            self._names[name] = f"{self.prefix}{re.sub(r'[^a-z0-9_]', '_', name.lower())}_{len(self._names)}"
+        return self._names[name]
 
     @staticmethod
     def _tokens(text: str) -> list[tuple[str, str]]:
