@@ -408,7 +408,7 @@ def test_the_turns_grammar_leaves_a_native_json_schema_and_moves_the_rest():
     import json
 
     from vllm_allowed_tools.decode.turn_grammar import Outputs, TurnRead, Wrapper, decide_turn
-    from vllm_allowed_tools.wire import XARGS_TAG, WireAllowlist
+    from vllm_allowed_tools.wire import XARGS_TAG, XARGS_TEXT_UTF8, WireAllowlist
     schema = _tool_array(ENUM)
     allowlist = WireAllowlist(mode="auto", allowed=frozenset(), catalog=frozenset(),
                               parallel_tool_calls=True, catalog_digest="c", allowlist_digest="a")
@@ -417,3 +417,5 @@ def test_the_turns_grammar_leaves_a_native_json_schema_and_moves_the_rest():
         grammar = decide_turn(TurnRead(wrapper, allowlist, outputs=Outputs(json=json.dumps(schema))))
         assert (grammar.rewrites_outputs and grammar.outputs is None) is moved
         assert (XARGS_TAG in grammar.xargs) is moved
+        # a policy turn's free text may be held to valid UTF-8 while its grammar compiles
+        assert grammar.xargs.get(XARGS_TEXT_UTF8) == (1 if moved else None)

@@ -34,7 +34,7 @@ from vllm_allowed_tools.decode.grammar import (
     clear_tag_cache,
     tag_cache_stats,
 )
-from vllm_allowed_tools.wire import XARGS_DIGEST, XARGS_TAG
+from vllm_allowed_tools.wire import XARGS_DIGEST, XARGS_TAG, XARGS_TEXT_UTF8
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
           "required": ["city"], "additionalProperties": False}
@@ -96,6 +96,10 @@ def test_extra_args_round_trip_and_refusals():
         read_extra_args({**args, XARGS_DIGEST: "0" * 64})
     with pytest.raises(ConstraintArgsError, match=XARGS_TAG):
         read_extra_args({XARGS_DIGEST: tag.digest})
+    assert not read_extra_args(args).utf8_text and read_extra_args({**args, XARGS_TEXT_UTF8: 1}).utf8_text
+    for wrong in ("1", 2, 1.0, None, [1]):
+        with pytest.raises(ConstraintArgsError, match=XARGS_TEXT_UTF8):
+            read_extra_args({**args, XARGS_TEXT_UTF8: wrong})
 
 
 @pytest.mark.parametrize("requested,compiles,on_cpu,blocked,expected", [

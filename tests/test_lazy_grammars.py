@@ -7,6 +7,7 @@ On the tiny random model's tokenizer, through the logits-processor stage's batch
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 
@@ -39,17 +40,21 @@ def _grammars(tokenizer, **options) -> CompiledGrammars:
     return CompiledGrammars(info, hf_tokenizer=tokenizer, **options)
 
 
-def _grammar(names, salt: str, mode: str = "required"):
-    """A grammar no cache has seen (``salt`` goes into a description-free schema title)."""
+def _grammar(names, salt: str, mode: str = "required", *, policy: bool = False):
+    """A grammar no cache has seen (``salt`` goes into a description-free schema title);
+    ``policy``: an allowlist's turn, whose free text may be held to valid UTF-8."""
     schema = {**SCHEMA, "title": salt}
     functions = [AllowedFunction(f.name, schema, strict=True) for f in FUNCTIONS if f.name in names]
     tag = built(build_structural_tag("hermes", functions, mode, parallel_tool_calls=False))
-    return read_extra_args(constraint_extra_args(tag))
+    return read_extra_args(constraint_extra_args(tag, utf8_text=policy))
 
 
-def _step(batch: MaskedBatch, output: list[int], vocab: int, rng: torch.Generator) -> int:
+def _step(batch: MaskedBatch, output: list[int], vocab: int, rng: torch.Generator,
+          boost: int | None = None) -> int:
     batch.sync()
     logits = torch.randn(1, vocab, generator=rng)
+    if boost is not None:
+        logits[0, boost] += 100.0
     batch.apply(logits)
     token = int(torch.argmax(logits[0]))
     output.append(token)
@@ -163,9 +168,10 @@ def test_a_row_llguidance_gives_up_on_may_only_stop(tokenizer):
     assert matcher.accept_token(eos) and matcher.is_terminated()
 
 
-def test_an_auto_turn_waits_for_xgrammar(tokenizer, monkeypatch):
-    """Free text between calls stays xgrammar's: llguidance admits only valid UTF-8 token by token,
-    and a plain auto turn's text must be what vanilla vLLM samples (tests/test_serving_e2e.py). The
+def test_a_plain_auto_turn_waits_for_xgrammar_and_a_policy_one_does_not(tokenizer, monkeypatch):
+    """Free text between calls: llguidance admits only valid UTF-8 token by token, so a turn
+    without an allowlist waits for xgrammar (its text must be what vanilla vLLM samples:
+    tests/test_serving_e2e.py); a policy turn (``utf8_text``: ``XARGS_TEXT_UTF8``) starts on llguidance. The
     refusal is kept, so the grammar is translated once, not once a row."""
     from vllm_allowed_tools.decode import lazy_grammars
     translated = []
@@ -181,3 +187,33 @@ def test_an_auto_turn_waits_for_xgrammar(tokenizer, monkeypatch):
     assert len(translated) == 1
     row = grammars.matchers(_grammar({"tool_0"}, "required-turn"))
     assert isinstance(row.matcher, LazyMatcher)
+    policy = _grammar({"tool_0"}, "auto-turn", mode="auto", policy=True)
+    assert policy.digest == auto.digest          # the same grammar: the refusal is not reused
+    assert isinstance(grammars.matchers(policy).matcher, LazyMatcher)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_policy_auto_row_on_llguidance_writes_text_and_only_allowed_calls(tokenizer, seed):
+    """A policy ``auto`` turn's row, masked by llguidance alone from random logits: free text,
+    calls to allowed tools only, valid UTF-8 text throughout, and its end."""
+    grammars = _grammars(tokenizer)
+    grammars._in_background = lambda grammar, compile_it: None   # noqa: E731 (the compile never runs)
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    batch = MaskedBatch(grammars, vocab, max_rows=1)
+    output: list[int] = []
+    batch.add(0, _grammar({"tool_1"}, f"policy-auto-{seed}", mode="auto", policy=True), output, [eos])
+    assert isinstance(batch.rows[0].matcher, LazyMatcher)
+    rng = torch.Generator().manual_seed(200 + seed)
+    opening = tokenizer.convert_tokens_to_ids("<tool_call>")
+    for step in range(120):   # the call opens at step 8 (a boost the mask may still refuse)
+        if _step(batch, output, vocab, rng, boost=opening if step == 8 else None) == eos:
+            break
+    assert not batch.rows[0].failed
+    written = [token for token in output if token != eos]
+    text = tokenizer.decode(written)
+    vocab_bytes = grammars.tokenizer_info.decoded_vocab
+    # valid UTF-8 throughout (a character may still be open where the steps ran out)
+    codecs.getincrementaldecoder("utf-8")().decode(b"".join(bytes(vocab_bytes[t]) for t in written))
+    assert _calls(text) == ["tool_1"]
+    matcher = xgr.GrammarMatcher(grammars._compile(_grammar({"tool_1"}, f"policy-auto-{seed}", mode="auto")))
+    assert all(matcher.accept_token(token) for token in written)   # xgrammar admits it too

@@ -269,12 +269,13 @@ class Settings(EnvironmentSettings):
         "The most memory (megabytes, estimated from each tag's JSON) the built tags take; the "
         "least recently used go first (docs/benchmarks.md has the growth)."), 64)
     first_seen_grammars: FirstSeenGrammars = env_field("VLLM_ALLOWED_TOOLS_FIRST_SEEN_GRAMMARS", (
-        "How the logits-processor stage masks a `required` or named turn's row whose grammar "
-        "xgrammar has not compiled yet: `llguidance` (the same grammar translated for llguidance, "
-        "whose masks need no compile ahead, while xgrammar compiles in the background; the row "
-        "moves onto xgrammar once that is ready) or `xgrammar` (the row waits for the compile: "
-        "0.1-2.5 s at a 150K vocabulary). `auto` turns, and a grammar the translation does not "
-        "cover, wait either way."),
+        "How the logits-processor stage masks a policy turn's row whose grammar xgrammar has "
+        "not compiled yet: `llguidance` (the same grammar translated for llguidance, whose masks "
+        "need no compile ahead, while xgrammar compiles in the background; the row moves onto "
+        "xgrammar once that is ready) or `xgrammar` (the row waits for the compile: 0.1-2.5 s at "
+        "a 150K vocabulary). A grammar with free text handed in without leave to hold that text to "
+        "valid UTF-8 (`constraint_extra_args(..., utf8_text=False)`, the offline `LLM`'s "
+        "default), and a grammar the translation does not cover, wait either way."),
         FIRST_SEEN_LLGUIDANCE)
     grammar_cache_entries: WholeNumber = env_field("VLLM_ALLOWED_TOOLS_GRAMMAR_CACHE_ENTRIES", (
         "The most compiled grammars (subsets, envelopes, catalogs) the logits-processor stage "

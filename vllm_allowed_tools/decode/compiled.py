@@ -99,7 +99,7 @@ class CompiledGrammars:
         stops = list(stop_token_ids) or None
         if self.lazy is not None and self.ready(grammar) is None:
             try:
-                lazy = self.lazy.matcher(grammar, stop_token_ids)
+                lazy = self.lazy.matcher(grammar, stop_token_ids, free_text=grammar.utf8_text)
             except UntranslatableTag as exc:
                 logger.info("vllm-allowed-tools: %s; the row waits for xgrammar's compile", exc)
             else:   # past PENDING_LIMIT queued compiles the row stays on llguidance

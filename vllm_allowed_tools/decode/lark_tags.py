@@ -4,8 +4,8 @@ xgrammar (vLLM 0.32/0.33 pin 0.2.8) precomputes a token-mask cache when it compi
 at a 150K vocabulary that takes 0.1-0.5 s a tool with free strings, more for a whole catalog
 (docs/benchmarks.md, the compile cliff). llguidance computes each mask when it is asked for, from
 a lexer and an Earley parser, so a matcher is ready in about a millisecond. The logits-processor
-stage (:mod:`.compiled`) serves a ``required`` or named turn's row whose grammar is not compiled
-yet with this translation (an ``auto`` turn's free text stays xgrammar's: :func:`lark_grammar`),
+stage (:mod:`.compiled`) serves a policy turn's row whose grammar is not compiled yet with this
+translation (an ``auto`` turn's free text then held to valid UTF-8: :func:`lark_grammar`),
 while xgrammar compiles in the background, and moves the row onto xgrammar's matcher once it is
 ready (the tokens so far replayed): the translation must admit exactly what the tag admits, which
 ``tests/test_lark_tags.py`` checks by walking both matchers over every format's grammars.
@@ -33,8 +33,9 @@ def lark_grammar(tag_json: str, *, free_text: bool = True) -> str:
 
     ``free_text=False`` refuses a tag with free text outside its calls (an ``auto`` turn's): there
     llguidance admits only text that is valid UTF-8 token by token, where xgrammar admits any token
-    (a model may write a character's bytes in tokens that are not), so a plain turn's text would
-    no longer be what vanilla vLLM samples."""
+    (a model may write a character's bytes in tokens that are not), so the text would not be what
+    the model samples under xgrammar. (llguidance's ``allow_invalid_utf8`` option is no way out:
+    1.7.6 then admits any token at a literal's start, special tokens in text included.)"""
     tag = json.loads(tag_json)
     node = tag.get("format", tag) if isinstance(tag, Mapping) else tag
     builder = _Builder()

@@ -140,22 +140,26 @@ class LazyGrammars:
         finally:
             self._ready.set()
 
-    def matcher(self, grammar: GrammarText, stop_token_ids: Sequence[int] = ()) -> LazyMatcher:
+    def matcher(self, grammar: GrammarText, stop_token_ids: Sequence[int] = (), *,
+                free_text: bool = False) -> LazyMatcher:
         """A matcher for ``grammar``; raises :class:`UntranslatableTag` where the translation does
-        not cover it, or where llguidance cannot build it."""
+        not cover it, or where llguidance cannot build it. ``free_text``: the turn's free text may
+        be held to valid UTF-8 (a policy turn's: :data:`..wire.XARGS_TEXT_UTF8`); without it a
+        grammar with free text outside its calls is refused (:func:`.lark_tags.lark_grammar`)."""
         import llguidance
         self._ready.wait()
         if self._tokenizer is None:
             raise UntranslatableTag(f"llguidance's tokenizer could not be built: {self._failure!r}")
-        lark = self._translations.get(grammar.digest)
+        key = (grammar.digest, free_text)
+        lark = self._translations.get(key)
         if lark is None:
             if tag_digest(grammar.tag_json) != grammar.digest:
                 raise ConstraintArgsError("structural tag digest mismatch")
             try:
-                lark = lark_grammar(grammar.tag_json, free_text=False)
+                lark = lark_grammar(grammar.tag_json, free_text=free_text)
             except UntranslatableTag as refused:   # kept too: an auto turn's rows ask again
                 lark = refused
-            self._translations.put(grammar.digest, lark, len(str(lark)))
+            self._translations.put(key, lark, len(str(lark)))
         if isinstance(lark, UntranslatableTag):
             raise lark
         matcher = llguidance.LLMatcher(self._tokenizer, lark, log_level=0)

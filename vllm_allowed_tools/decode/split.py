@@ -24,6 +24,7 @@ from ..wire import (
     XARGS_ENVELOPE,
     XARGS_ENVELOPE_DIGEST,
     XARGS_TAG,
+    XARGS_TEXT_UTF8,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,11 +52,16 @@ class SplitTags:
                 XARGS_ENVELOPE: self.envelope.json, XARGS_ENVELOPE_DIGEST: self.envelope.digest}
 
 
-def constraint_extra_args(tag: BuiltTag, split: SplitTags | None = None) -> dict[str, str]:
+def constraint_extra_args(tag: BuiltTag, split: SplitTags | None = None, *,
+                          utf8_text: bool = False) -> dict[str, str | int]:
     """What to put in ``SamplingParams.extra_args`` (or a request's ``vllm_xargs``) so the
     logits-processor stage constrains the request with ``tag``; ``split`` (the same grammar as
-    catalog + envelope, :func:`split_tags`) spares a new subset the compile of ``tag``."""
-    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest, **(split.extra_args() if split else {})}
+    catalog + envelope, :func:`split_tags`) spares a new subset the compile of ``tag``;
+    ``utf8_text``: the free text may be held to valid UTF-8, so a first-seen ``auto`` grammar
+    starts at once on llguidance (:data:`..wire.XARGS_TEXT_UTF8`) instead of waiting for its
+    compile."""
+    return {XARGS_TAG: tag.json, XARGS_DIGEST: tag.digest, **(split.extra_args() if split else {}),
+            **({XARGS_TEXT_UTF8: 1} if utf8_text else {})}
 
 
 def split_tags(wire_format_name: str, catalog: Sequence[AllowedFunction],

@@ -22,6 +22,7 @@ from ..wire import (
     XARGS_GRAMMAR_KEYS,
     XARGS_SPLIT_KEYS,
     XARGS_TAG,
+    XARGS_TEXT_UTF8,
 )
 
 
@@ -79,9 +80,11 @@ class GrammarText:
 @dataclass(frozen=True)
 class RequestGrammar(GrammarText):
     """The grammar a request is constrained with; ``catalog`` and ``envelope`` (both or neither)
-    are the same grammar split in two (:mod:`.split`)."""
+    are the same grammar split in two (:mod:`.split`); ``utf8_text``: its free text may be held
+    to valid UTF-8 (a policy turn: :data:`..wire.XARGS_TEXT_UTF8`)."""
     catalog: GrammarText | None = None
     envelope: GrammarText | None = None
+    utf8_text: bool = False
 
 
 def read_extra_args(extra_args: Mapping[str, Any] | None, *, verify: bool = True) -> RequestGrammar | None:
@@ -92,11 +95,15 @@ def read_extra_args(extra_args: Mapping[str, Any] | None, *, verify: bool = True
     if not extra_args or not any(key in extra_args for key in XARGS_GRAMMAR_KEYS):
         return None
     whole = _grammar_text(extra_args, XARGS_TAG, XARGS_DIGEST, verify)
+    utf8_text = extra_args.get(XARGS_TEXT_UTF8, 0)
+    if utf8_text not in (0, 1) or isinstance(utf8_text, float):
+        raise ConstraintArgsError(f"extra_args.{XARGS_TEXT_UTF8} must be 1 or absent")
     if not any(key in extra_args for key in XARGS_SPLIT_KEYS):
-        return RequestGrammar(whole.tag_json, whole.digest)
+        return RequestGrammar(whole.tag_json, whole.digest, utf8_text=bool(utf8_text))
     return RequestGrammar(whole.tag_json, whole.digest,
                           catalog=_grammar_text(extra_args, XARGS_CATALOG, XARGS_CATALOG_DIGEST, verify),
-                          envelope=_grammar_text(extra_args, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST, verify))
+                          envelope=_grammar_text(extra_args, XARGS_ENVELOPE, XARGS_ENVELOPE_DIGEST, verify),
+                          utf8_text=bool(utf8_text))
 
 
 def _grammar_text(extra_args: Mapping[str, Any], tag_key: str, digest_key: str, verify: bool) -> GrammarText:

@@ -25,7 +25,15 @@ from xgrammar.structural_tag import JSONSchemaFormat
 from ..errors import CapabilityError
 from ..formats import wire_format
 from ..settings import STAGE_LOGITS_PROCESSOR, current
-from ..wire import XARGS_DIGEST, XARGS_MUST_CALL, XARGS_REFUSED_TOKENS, XARGS_TAG, ToolChoice, WireAllowlist
+from ..wire import (
+    XARGS_DIGEST,
+    XARGS_MUST_CALL,
+    XARGS_REFUSED_TOKENS,
+    XARGS_TAG,
+    XARGS_TEXT_UTF8,
+    ToolChoice,
+    WireAllowlist,
+)
 from .call_budget import cap_optional_text, reserve_tokens, shortest_array_call, shortest_call_text
 from .grammar import (
     STRICT_FUNCTION,
@@ -258,6 +266,8 @@ def _handed_to_logits_processor(turn: TurnRead, grammar: TurnGrammar) -> TurnGra
         if outputs.structural_tag and not allowlist.server else None
     xargs = {**grammar.xargs, XARGS_TAG: tag_json, XARGS_DIGEST: tag_digest(tag_json),
              **(split.extra_args() if split is not None else {})}
+    if allowlist is not None:   # a policy turn: its text may be held to valid UTF-8 (wire/xargs.py)
+        xargs[XARGS_TEXT_UTF8] = 1
     return dataclasses.replace(grammar, rewrites_outputs=True, outputs=None, xargs=xargs)
 
 

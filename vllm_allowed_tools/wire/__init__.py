@@ -59,6 +59,7 @@ from .xargs import (
     XARGS_REFUSED_TOKENS,
     XARGS_SPLIT_KEYS,
     XARGS_TAG,
+    XARGS_TEXT_UTF8,
 )
 
 __all__ = [
@@ -79,6 +80,7 @@ __all__ = [
     "XARGS_REFUSED_TOKENS",
     "XARGS_SPLIT_KEYS",
     "XARGS_TAG",
+    "XARGS_TEXT_UTF8",
     "AllowedToolsChoice",
     "Mode",
     "NamedChoice",
