@@ -22,9 +22,8 @@ from vllm_allowed_tools.decode.lark_tags import UntranslatableTag, lark_grammar
 from vllm_allowed_tools.formats import wire_format, wire_formats
 
 from support.grammar_reads import ALLOWED, CATALOG
-from support.grammar_walk import GrammarWalker, WalkError, format_tokens, marker_texts
-
-WALKS = 10
+from support.grammar_walk import GrammarWalker, format_tokens, marker_texts
+from support.lark_walks import WALKS, allowed_tokens, compare_both_ways, translated
 
 
 @cache
@@ -41,85 +40,17 @@ def _walker(family: str, mode: str, parallel: bool) -> GrammarWalker | None:
     return GrammarWalker(tag, format_tokens(family, tag), token_texts=marker_texts(family))
 
 
-def _token_ids(tag_json: str, index: dict[str, int]) -> str:
-    """The walk's tag with each ``token`` format named by its id in the walk vocabulary."""
-    def visit(node):
-        if isinstance(node, list):
-            return [visit(item) for item in node]
-        if not isinstance(node, dict):
-            return node
-        if node.get("type") == "token" and isinstance(node.get("token"), str):
-            return {**node, "token": index[node["token"]]}
-        return {key: visit(value) for key, value in node.items()}
-    return json.dumps(visit(json.loads(tag_json)))
-
-
-def _llguidance(walker: GrammarWalker):
-    """(llguidance tokenizer over the walk vocabulary, the translated grammar)."""
-    import llguidance
-    vocab = walker.vocab
-
-    class Vocabulary:
-        eos_token_id, bos_token_id = walker.eos_id, None
-        tokens = [token.encode() for token in vocab[:-1]] + [b"\xff" + vocab[-1].encode()]
-        special_token_ids = [walker.eos_id]
-
-        def __call__(self, text):
-            text = text.decode() if isinstance(text, bytes) else text
-            return [walker.index[char] for char in text]
-    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocabulary()))
-    return tokenizer, lark_grammar(_token_ids(walker.tag_json, walker.index))
-
-
-def _allowed(matcher, size: int) -> list[int]:
-    from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
-    mask = allocate_token_bitmask(1, size)
-    fill_next_token_bitmask(matcher, mask, 0)
-    return [i for i in range(size) if (int(mask[0][i >> 5]) >> (i & 31)) & 1]
-
-
 CASES = [(entry.name, mode, parallel) for entry in wire_formats()
          for mode in ("auto", "required") for parallel in (True, False)]
 
 
 @pytest.mark.parametrize("family,mode,parallel", CASES)
 def test_the_translation_admits_what_the_tag_admits(family, mode, parallel):
-    import llguidance
     walker = _walker(family, mode, parallel)
     if walker is None:
         pytest.skip(f"{family} has no {mode} grammar")
-    tokenizer, lark = _llguidance(walker)
-    assert not llguidance.LLMatcher(tokenizer, lark).is_error()
-    rng = random.Random(f"{family}-{mode}-{parallel}")
-    walked = 0
-    for _ in range(WALKS):                       # xgrammar's walks, into llguidance
-        try:
-            tokens = walker.walk_tokens(rng)
-        except WalkError:
-            continue
-        matcher = llguidance.LLMatcher(tokenizer, lark)
-        for token in tokens:
-            assert matcher.consume_token(walker.index[token]), (
-                f"llguidance refused {token!r} after {''.join(tokens)!r}: {matcher.get_error()[:300]}")
-        assert matcher.consume_token(walker.eos_id) and matcher.is_stopped(), "".join(tokens)
-        walked += 1
-    assert walked >= WALKS // 2
-    ended = 0
-    for _ in range(WALKS):                       # llguidance's walks, into xgrammar
-        matcher = llguidance.LLMatcher(tokenizer, lark)
-        written: list[str] = []
-        for step in range(800):
-            allowed = _allowed(matcher, len(walker.vocab))
-            assert allowed, "llguidance left no token allowed"
-            token = walker.eos_id if step > 40 and walker.eos_id in allowed else rng.choice(allowed)
-            if token == walker.eos_id:
-                assert not matcher.is_error(), matcher.get_error()[:300]
-                assert walker.accepts(written), f"xgrammar refused llguidance's {''.join(written)!r}"
-                ended += 1
-                break
-            assert matcher.consume_token(token)
-            written.append(walker.vocab[token])
-    assert ended >= WALKS // 2
+    walked, ended = compare_both_ways(walker, random.Random(f"{family}-{mode}-{parallel}"))
+    assert walked >= WALKS // 2 and ended >= WALKS // 2
 
 
 def test_what_is_not_translated_is_said():
@@ -170,7 +101,7 @@ def test_a_long_string_argument_keeps_the_matcher_going(family, prefix, suffix):
     strings, one rule a character) is one lexeme in the translation, and XML text left-recursive."""
     import llguidance
     walker = _walker(family, "required", False)
-    tokenizer, lark = _llguidance(walker)
+    tokenizer, lark = translated(walker)
     matcher = llguidance.LLMatcher(tokenizer, lark)
     text = prefix + "ab c" * 750 + suffix
     for char in text:
@@ -230,7 +161,7 @@ def test_rich_schemas_translate_as_the_tag_admits(mode):
     functions = [AllowedFunction(name, schema, True) for name, schema in RICH.items()]
     tag = build_structural_tag("hermes", functions, mode, parallel_tool_calls=True)
     walker = GrammarWalker(tag, format_tokens("hermes", tag))
-    tokenizer, lark = _llguidance(walker)
+    tokenizer, lark = translated(walker)
     rng = random.Random(mode)
     walked = 0
     for _ in range(2 * WALKS):
@@ -247,7 +178,7 @@ def test_rich_schemas_translate_as_the_tag_admits(mode):
         matcher = llguidance.LLMatcher(tokenizer, lark)
         written: list[str] = []
         for step in range(800):
-            allowed = _allowed(matcher, len(walker.vocab))
+            allowed = allowed_tokens(matcher, len(walker.vocab))
             token = walker.eos_id if step > 60 and walker.eos_id in allowed else rng.choice(allowed)
             if token == walker.eos_id:
                 assert walker.accepts(written), f"xgrammar refused llguidance's {''.join(written)!r}"

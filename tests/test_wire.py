@@ -13,6 +13,7 @@ from vllm_allowed_tools.wire import (
     XARGS_KEYS,
     XARGS_MUST_CALL,
     XARGS_REFUSED_TOKENS,
+    XARGS_TEXT_UTF8,
     WireAllowlist,
     no_function_wire,
     read_tool_choice,
@@ -115,5 +116,5 @@ def test_the_wire_allowlist_carries_its_version_and_server_recipients():
 
 
 def test_every_extra_args_key_is_ours_to_strip():
-    assert set(XARGS_KEYS) == {*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL, XARGS_REFUSED_TOKENS}
+    assert set(XARGS_KEYS) == {*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL, XARGS_REFUSED_TOKENS, XARGS_TEXT_UTF8}
     assert all(key.startswith("vllm_allowed_tools_") for key in XARGS_KEYS)

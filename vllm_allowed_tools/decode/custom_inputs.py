@@ -26,6 +26,7 @@ from xgrammar import StructuralTag
 
 from ..errors import CapabilityError
 from .json_string import EBNFReadError, json_string_grammar
+from .lark_ebnf import RULE_FOR_RULE
 
 #: the key, in a marked arguments schema, that names the custom tool it stands for
 MARKER_KEY = "$comment"
@@ -93,7 +94,8 @@ def with_custom_inputs(tag: StructuralTag | None, functions: Sequence[Any],
 
 def input_node(ebnf: str, style: str, wire_format_name: str, name: str) -> dict[str, Any]:
     """The structural-tag node of one custom input in ``style``: the value's frame around the
-    grammar (JSON-escaped for the ``json`` style)."""
+    grammar (JSON-escaped for the ``json`` style), marked as a client's for the llguidance
+    translation (:data:`.lark_ebnf.RULE_FOR_RULE`)."""
     opening, closing = VALUE_FRAMES[style]
     if style == "json":
         try:
@@ -105,7 +107,7 @@ def input_node(ebnf: str, style: str, wire_format_name: str, name: str) -> dict[
                 f"({exc}); send the tool with a grammar without that construct, or with "
                 "format {\"type\": \"text\"}", capability=CAPABILITY, param="tools") from None
     return {"type": "sequence", "elements": [{"type": "const_string", "value": opening},
-                                             {"type": "grammar", "grammar": ebnf},
+                                             {"type": "grammar", "grammar": RULE_FOR_RULE + ebnf},
                                              {"type": "const_string", "value": closing}]}
 
 

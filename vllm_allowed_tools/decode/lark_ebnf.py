@@ -13,7 +13,15 @@ from typing import Any
 from .lark_regular import RegularRules
 from .safe_json import marker_automaton
 
-__all__ = ["EbnfRules", "UntranslatableTag", "characters", "contains_any", "literal", "regex"]
+__all__ = ["RULE_FOR_RULE", "EbnfRules", "UntranslatableTag", "characters", "contains_any", "literal",
+           "regex"]
+
+#: the first line of an EBNF grammar whose regular rules must not become one lexeme each: a
+#: client's grammar (a custom tool's input), where a rule's text may run on in a way that also
+#: starts what follows it (a class holding ``\`` before a ``\n`` in JSON's spelling), and
+#: llguidance's lexer, which gives no bytes back, then refuses what xgrammar admits
+#: (``tests/test_lark_custom.py`` found it); its rules are kept as rules
+RULE_FOR_RULE = "# vllm-allowed-tools: translated rule for rule\n"
 
 
 class UntranslatableTag(ValueError):
@@ -200,7 +208,7 @@ class EbnfRules:
             if rest != len(body):
                 raise UntranslatableTag(f"EBNF: unexpected {body[rest][1]!r} in rule {name}")
             trees[name] = tree
-        self.lexemes = RegularRules(trees).lexemes()
+        self.lexemes = {} if text.startswith(RULE_FOR_RULE) else RegularRules(trees).lexemes()
         for name, tree in trees.items():
             if name in self.lexemes:
                 self.builder.rules.append(f"{self._name(name).upper()}: /{self.lexemes[name]}/")
