@@ -2,14 +2,16 @@
 hold string ``maxLength`` bounds, patterns, deep nesting, large enums and ``anyOf`` trees: the
 options side by side.
 
-    python benchmarks/compile_cliff.py [--samples 10] [--cliff-samples 1] [--forms] [--xgrammar-path DIR]
+    python benchmarks/compile_cliff.py [--samples 10] [--cliff-samples 1] [--mode required|auto] [--forms]
+        [--xgrammar-path DIR]
 
 The catalog: the MCP-shaped templates (``benchmarks/mcp_tools.py``: Slack's ``post_message`` with a
 40,000 ``maxLength`` text and a channel ``pattern``, a web search's 400-character query, a ticket's
 255-character summary, a time ``pattern``, GitHub's nested review comments) and three shapes written
 here from what MCP servers publish: a database query whose filter is an ``anyOf`` tree, a
 calendar event with a 420-value time-zone enum, and a project board's five-deep nesting. Every tool
-is ``strict``. The request: hermes, ``required``, 4 allowed tools (Slack, search, the filter tree,
+is ``strict``. The request: hermes, ``required`` (``--mode auto``: a policy ``auto`` turn, free text
+between the calls), 4 allowed tools (Slack, search, the filter tree,
 the time-zone enum). What is timed, median of ``--samples``, each with a cold cache (a first-seen
 catalog: nothing of its schemas compiled before):
 
@@ -110,17 +112,22 @@ def catalog() -> list[AllowedFunction]:
     return tools + [AllowedFunction(name, parameters, True) for name, parameters in EXTRA]
 
 
+#: the turn's mode (``--mode``): ``auto`` is a policy turn, its free text between the calls
+MODE = "required"
+
+
 def _tags(functions: list[AllowedFunction], lengths_in_grammar: bool, salt: str):
-    """(the turn's whole tag, its split) with strict lengths in the grammar or left to the guard."""
+    """(the turn's whole tag, its split) with strict lengths in the grammar or left to the guard;
+    an ``auto`` turn's marked as a policy turn's, as the wrapper marks it."""
     argument_schemas._FAST_LENGTHS = lengths_in_grammar
     clear_tag_cache()
     clear_slot_cache()
     allowed = [f for f in functions if f.name in ALLOWED]
-    common = dict(catalog_digest=f"cliff-{salt}", allowlist_digest=f"subset-{salt}", mode="required",
+    common = dict(catalog_digest=f"cliff-{salt}", allowlist_digest=f"subset-{salt}", mode=MODE,
                   parallel_tool_calls=True)
     whole = turn_tag("hermes", allowed, **common)
     split = split_tags("hermes", functions, allowed, **common)
-    return whole, read_extra_args(constraint_extra_args(whole, split))
+    return whole, read_extra_args(constraint_extra_args(whole, split, utf8_text=MODE == "auto"))
 
 
 def _timed(run, samples: int) -> tuple[float, list[float]]:
@@ -277,6 +284,8 @@ def other_xgrammar(path: str, samples: int) -> dict[str, Any]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--mode", choices=("required", "auto"), default="required",
+                        help="the turn's mode (auto: a policy turn, free text between the calls)")
     parser.add_argument("--cliff-samples", type=int, default=1,
                         help="samples with lengths in an 0.2.8 grammar")
     parser.add_argument("--forms", action="store_true")
@@ -284,6 +293,8 @@ def main() -> int:
     parser.add_argument("--native-lengths-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    global MODE
+    MODE = args.mode
     import xgrammar as xgr
     info, index = synthetic_tokenizer_info(150_000)
     if args.native_lengths_only:
@@ -294,7 +305,7 @@ def main() -> int:
                           "native stage, first-seen catalog": median}))
         return 0
     result: dict[str, Any] = {"xgrammar": argument_schemas._installed_xgrammar(), "vocabulary": 150_000,
-                              "samples": args.samples}
+                              "samples": args.samples, "mode": MODE}
     if args.forms:
         result["forms ms"] = forms(info)
     result["shipped: llguidance first"] = shipped_arm(info, args.samples)
