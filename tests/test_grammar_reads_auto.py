@@ -68,20 +68,7 @@ FORMATS = [entry.name for entry in wire_formats() if entry.grammar.kind == "json
 TAG_FORMATS = [entry.name for entry in wire_formats() if entry.grammar.kind != "json_array"]
 #: (format, parallel) -> why its auto grammar admits a string its parser misreads; strict: a pair
 #: that starts passing must be taken off
-TAG_XFAIL: dict[tuple[str, bool], str] = {
-    **{(family, True): (
-        "vLLM's llama3_json parser reads every '{' of the output as the start of a call, and reads "
-        "no call at all once one is not; with parallel calls text may follow a call, and it may "
-        "hold a '{' (it cannot be kept out: the trigger '{\"name\": ' starts with one; before "
-        "the first call the wrapper reads past it). Minimal: "
-        "'{\"name\": \"search_docs\", \"parameters\": {\"query\":\"\"}}a{'")
-      for family in ("llama3_json", "llama4_json")},
-    **{("openai", parallel): (
-        "vLLM's harmony tag admits a final answer on the channel 'final json' "
-        "(<|channel|>final json<|message|>...), which the harmony parser reads as a call to a "
-        "tool named 'json' (refused: no tool of that name). Minimal: "
-        "'<|channel|>final json<|message|>a<|end|>'") for parallel in (False, True)},
-}
+TAG_XFAIL: dict[tuple[str, bool], str] = {}
 
 
 def auto_request(parallel: bool = False):

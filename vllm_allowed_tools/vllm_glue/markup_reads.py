@@ -51,7 +51,46 @@ def reread_calls(parse: Parse, output: str, triggers: Sequence[str],
     trigger, the calls of the call section read alone (keeping ``whole``'s content, which the
     wrapper cuts at the first call start: the text before the calls); else ``whole`` where it read
     calls; else the complete calls before the last call start (a call cut off after them), read
-    from the output's start, then from the section's."""
+    from the output's start, then from the section's. Where a format's calls are JSON objects
+    opened by a trigger (Llama's ``{"name": ``), each call read alone wins when it finds more:
+    text between the calls may hold a ``{``, which Llama's parser takes for a call's start."""
+    info = _reread_section(parse, output, triggers, whole)
+    alone = _json_calls_at_triggers(parse, output, triggers)
+    if len(alone) > len(info.tool_calls or []):
+        return ExtractedToolCallInformation(tools_called=True, tool_calls=alone, content=whole.content)
+    return info
+
+
+def _json_calls_at_triggers(parse: Parse, output: str, triggers: Sequence[str]) -> list[ToolCall]:
+    """Each JSON object that starts at a trigger beginning with ``{`` (the auto grammar opens a
+    call there and nowhere else in text), read alone by the base parser; the text between them
+    skipped, objects inside a call's arguments too. Stops at the first that is not a complete
+    call (one cut off by the token limit)."""
+    openers = [trigger for trigger in triggers if trigger.startswith("{")]
+    calls: list[ToolCall] = []
+    position = 0
+    while openers:
+        starts = [index for index in (output.find(opener, position) for opener in openers) if index != -1]
+        if not starts:
+            break
+        start = min(starts)
+        try:
+            _, end = _DECODER.raw_decode(output, start)
+        except ValueError:
+            break
+        read = parse(output[start:end])
+        if len(read.tool_calls or []) != 1:
+            break
+        calls.extend(read.tool_calls)
+        position = end
+    return calls
+
+
+_DECODER = json.JSONDecoder()
+
+
+def _reread_section(parse: Parse, output: str, triggers: Sequence[str],
+                    whole: ExtractedToolCallInformation) -> ExtractedToolCallInformation:
     first = call_start(output, triggers)
     first = first if first and any(output.startswith(trigger, first) for trigger in triggers) else None
     if first:

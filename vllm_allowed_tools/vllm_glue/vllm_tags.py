@@ -14,7 +14,7 @@ from typing import Any
 from openai.types.responses import FunctionTool
 from vllm.tool_parsers.structural_tag_registry import get_model_structural_tag, limit_to_single_tool_call
 from vllm.tool_parsers.tool_strict_level import ToolStrictLevel
-from xgrammar.structural_tag import JSONSchemaFormat, TagFormat
+from xgrammar.structural_tag import JSONSchemaFormat, OrFormat, TagFormat
 
 from ..decode.grammar import STRICT_PARAMETER, AllowedFunction
 from ..decode.server_recipients import bound_preambles, preamble_bound
@@ -47,10 +47,33 @@ def vllm_structural_tag(model: str, functions: Sequence[AllowedFunction], mode: 
 
 def as_served(model: str, tag: Any) -> Any:
     """``tag`` (vLLM's, for ``model``) with the changes we serve it with, in place: harmony calls
-    end only at the call token."""
+    end only at the call token, and a final answer's channel carries no bare constraint word."""
     if model == "harmony":
         _calls_end_at_the_call_token(tag.format)
+        _no_bare_constraint_on_final(tag.format)
     return tag
+
+
+#: the header of a final answer with its constraint written as a plain word: the harmony parser
+#: reads ``<|channel|>final json<|message|>...`` as a call to a tool named ``json``
+_FINAL_BARE_CONSTRAINT = "<|channel|>final json<|message|>"
+
+
+def _no_bare_constraint_on_final(node: Any) -> None:
+    """vLLM's harmony tag admits a final answer on the channel ``final json`` (besides ``final``
+    and ``final <|constrain|>json``); the harmony parser reads that header's ``json`` as the
+    recipient, so the answer came back as a call to ``json``, which no allowlist holds (the guard
+    then refuses the turn). Those alternatives are dropped; the other two stay."""
+    if isinstance(node, OrFormat):
+        node.elements = [element for element in node.elements if not _bare_final(element)] \
+            or node.elements
+    for child in (getattr(node, name) for name in getattr(type(node), "model_fields", ())):
+        for item in child if isinstance(child, list) else [child]:
+            _no_bare_constraint_on_final(item)
+
+
+def _bare_final(node: Any) -> bool:
+    return isinstance(node, TagFormat) and node.begin == _FINAL_BARE_CONSTRAINT
 
 
 def _calls_end_at_the_call_token(node: Any) -> None:
