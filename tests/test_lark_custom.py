@@ -65,10 +65,10 @@ def _walker(family: str, name: str, mode: str) -> GrammarWalker:
                          token_texts=marker_texts(family))
 
 
-#: (grammar, format, mode) whose walks are left to the patches below: xgrammar's and llguidance's
-#: random walks of Codex's patch in a JSON string rarely end within their budget (a line ends on
-#: the two characters \\n, which a walk heading for the end avoids)
-UNENDING = {("apply_patch", "hermes", "required")}
+#: (grammar, format, mode) whose walks are left to the patches below: random walks of Codex's
+#: patch in a JSON string rarely end within their budget (a line ends on the two characters \\n,
+#: which a walk heading for the end avoids), and the few that do take a minute
+UNENDING = {("apply_patch", "hermes", "required"), ("apply_patch", "hermes", "auto")}
 
 
 @pytest.mark.parametrize("name,family,mode", [
@@ -88,13 +88,15 @@ PATCH_CALLS = {
 }
 
 
+@pytest.mark.parametrize("mode", ["required", "auto"])
 @pytest.mark.parametrize("family", FORMATS)
-def test_codexs_patches_are_read_alike_long_lines_included(family):
+def test_codexs_patches_are_read_alike_long_lines_included(family, mode):
     """Patches xgrammar admits, lines of 8,000 characters among them (a rule a character would
     stop llguidance's parser past 2,000 open items), are taken by the translation; a malformed one
-    by neither."""
+    by neither (in an ``auto`` turn, after a line of text)."""
     import llguidance
-    walker = _walker(family, "apply_patch", "required")
+    walker = _walker(family, "apply_patch", mode)
+    lead = "On it.\n" if mode == "auto" else ""
     tokenizer, lark = translated(walker)
     long_line = '+' + 'x y"z\\ \t' * 1000 + '\n'
     patches = ["*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n",
@@ -102,7 +104,7 @@ def test_codexs_patches_are_read_alike_long_lines_included(family):
                "+    y\n *** End of File\n*** End Patch",
                "*** Begin Patch\n*** Add File: big.txt\n" + long_line * 2 + "*** End Patch\n"]
     for patch in [*patches, patches[0].replace("+hi", "hi")]:
-        call = list(PATCH_CALLS[family](patch))
+        call = list(lead + PATCH_CALLS[family](patch))
         matcher = llguidance.LLMatcher(tokenizer, lark)
         taken = all(matcher.consume_token(walker.index[char]) for char in call) \
             and matcher.consume_token(walker.eos_id) and matcher.is_stopped()
