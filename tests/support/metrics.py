@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 
@@ -19,3 +20,16 @@ def scrape_metric(root_url: str, name: str, **labels: str) -> float:
         if all(f'{key}="{val}"' in head for key, val in labels.items()):
             total += float(value)
     return total
+
+
+def wait_until_idle(root_url: str, timeout: float = 30.0) -> float:
+    """Seconds until the engine has no request running or waiting (or ``timeout``): requests a
+    client left behind (a disconnected stream, a load test's) still share the batch, and on CPU a
+    batch's numerics differ from one request's, so a sampled token can too."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if scrape_metric(root_url, "vllm:num_requests_running") == 0 and \
+                scrape_metric(root_url, "vllm:num_requests_waiting") == 0:
+            return time.monotonic() - start
+        time.sleep(0.25)
+    return timeout

@@ -14,7 +14,7 @@ import httpx
 from vllm_allowed_tools.devtools.models.tool_pool import POOL
 
 from ..calls import chat_selection, responses_selection
-from ..metrics import scrape_metric
+from ..metrics import scrape_metric, wait_until_idle
 from .report import Figures
 from .wire import PATHS, REQUEST_TIMEOUT, base_body, send_sync
 
@@ -38,17 +38,6 @@ def _disconnect_body(api: str, policy: bool, index: int) -> dict:
         body["parallel_tool_calls"] = True
     body["ignore_eos"] = True
     return body
-
-
-def _wait_idle(root: str, timeout: float = 30.0) -> float:
-    """Seconds until no request is running (or `timeout`)."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if scrape_metric(root, "vllm:num_requests_running") == 0 and \
-                scrape_metric(root, "vllm:num_requests_waiting") == 0:
-            return time.monotonic() - start
-        time.sleep(0.25)
-    return timeout
 
 
 def _raw_post(base_url: str, api: str, body: dict, fraction: float) -> None:
@@ -101,11 +90,11 @@ def _one_fault(base_url: str, index: int, fault: tuple[str, str, bool, int],
     """Run one fault and judge it; (tokens generated, seconds from the close to idle)."""
     how, api, policy, events = fault
     root = base_url.removesuffix("/v1")
-    _wait_idle(root)
+    wait_until_idle(root)
     before = [scrape_metric(root, name) for name in _COUNTERS]
     read, problem = _disconnect(base_url, how, api, _disconnect_body(api, policy, index), events)
     closed = time.monotonic()
-    idle_after = _wait_idle(root)
+    idle_after = wait_until_idle(root)
     to_idle = time.monotonic() - closed
     time.sleep(1.0)   # an engine request not aborted would keep generating meanwhile
     running = scrape_metric(root, "vllm:num_requests_running")
