@@ -405,6 +405,7 @@ def test_a_schema_stays_native_only_on_an_outlines_server(monkeypatch):
 
 def test_the_turns_grammar_leaves_a_native_json_schema_and_moves_the_rest():
     """The one place that moves grammars to our processor reads the decision above."""
+    import dataclasses
     import json
 
     from vllm_allowed_tools.decode.turn_grammar import Outputs, TurnRead, Wrapper, decide_turn
@@ -417,5 +418,9 @@ def test_the_turns_grammar_leaves_a_native_json_schema_and_moves_the_rest():
         grammar = decide_turn(TurnRead(wrapper, allowlist, outputs=Outputs(json=json.dumps(schema))))
         assert (grammar.rewrites_outputs and grammar.outputs is None) is moved
         assert (XARGS_TAG in grammar.xargs) is moved
-        # a policy turn's free text may be held to valid UTF-8 while its grammar compiles
+        # an allowlist of the whole catalog (a plain turn's) keeps vanilla's free text; one that
+        # narrows it may have its text held to valid UTF-8 while its grammar compiles
+        assert XARGS_TEXT_UTF8 not in grammar.xargs
+        narrowing = dataclasses.replace(allowlist, catalog=frozenset({"other_tool"}))
+        grammar = decide_turn(TurnRead(wrapper, narrowing, outputs=Outputs(json=json.dumps(schema))))
         assert grammar.xargs.get(XARGS_TEXT_UTF8) == (1 if moved else None)

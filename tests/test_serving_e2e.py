@@ -21,7 +21,7 @@ from support.calls import (
     responses_calls,
     responses_selection,
 )
-from support.metrics import scrape_metric, wait_until_idle
+from support.metrics import scrape_metric
 from support.serving import catalog_and_subset, happy_model_violation_figures
 
 pytestmark = pytest.mark.server
@@ -225,7 +225,6 @@ def test_plain_choices_match_vanilla_vllm(random_server, vanilla_server, choice)
     for seed in range(3):
         results = []
         for server in (random_server, vanilla_server):
-            wait_until_idle(server.root_url, timeout=120)   # alone in the batch, as on vanilla's
             client = server.client()
             chat = client.chat.completions.create(
                 model="tiny", messages=[{"role": "user", "content": "hi"}],

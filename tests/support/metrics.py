@@ -23,9 +23,8 @@ def scrape_metric(root_url: str, name: str, **labels: str) -> float:
 
 
 def wait_until_idle(root_url: str, timeout: float = 30.0) -> float:
-    """Seconds until the engine has no request running or waiting (or ``timeout``): requests a
-    client left behind (a disconnected stream, a load test's) still share the batch, and on CPU a
-    batch's numerics differ from one request's, so a sampled token can too."""
+    """Seconds until the engine has no request running or waiting (or ``timeout``): what a client
+    that went away (a disconnected stream, a load test's) left behind has been cleared."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         if scrape_metric(root_url, "vllm:num_requests_running") == 0 and \

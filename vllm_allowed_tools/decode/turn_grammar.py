@@ -266,7 +266,10 @@ def _handed_to_logits_processor(turn: TurnRead, grammar: TurnGrammar) -> TurnGra
         if outputs.structural_tag and not allowlist.server else None
     xargs = {**grammar.xargs, XARGS_TAG: tag_json, XARGS_DIGEST: tag_digest(tag_json),
              **(split.extra_args() if split is not None else {})}
-    if allowlist is not None:   # a policy turn: its text may be held to valid UTF-8 (wire/xargs.py)
+    if allowlist is not None and allowlist.allowed != allowlist.catalog:
+        # a turn that narrows its catalog may have its text held to valid UTF-8 (wire/xargs.py);
+        # a plain turn held to its whole catalog (request/rewrite.py constrain_to_catalog) keeps
+        # the text vanilla vLLM samples
         xargs[XARGS_TEXT_UTF8] = 1
     return dataclasses.replace(grammar, rewrites_outputs=True, outputs=None, xargs=xargs)
 

@@ -21,9 +21,10 @@ XARGS_MUST_CALL = "vllm_allowed_tools_must_call"
 #: ``extra_args`` key of a turn whose parser reads some stop tokens as text: those token ids, which
 #: the model may never write (on either constraint stage)
 XARGS_REFUSED_TOKENS = "vllm_allowed_tools_refused_tokens"
-#: ``extra_args`` key of a policy turn (an allowlist's): its free text may be held to valid UTF-8
-#: while its first-seen grammar compiles (llguidance's matcher: ``decode/lazy_grammars.py``); a
-#: plain turn's text stays what vanilla vLLM samples, so its rows wait for xgrammar's compile
+#: ``extra_args`` key of a turn whose allowlist narrows its catalog: its free text may be held to
+#: valid UTF-8 while its first-seen grammar compiles (llguidance's matcher:
+#: ``decode/lazy_grammars.py``); a plain turn's text (held to its whole catalog, or to nothing)
+#: stays what vanilla vLLM samples, so its rows wait for xgrammar's compile
 XARGS_TEXT_UTF8 = "vllm_allowed_tools_text_utf8"
 #: every ``extra_args`` key of ours: set by the parser wrapper only, never by a client
 XARGS_KEYS = (*XARGS_GRAMMAR_KEYS, XARGS_MUST_CALL, XARGS_REFUSED_TOKENS, XARGS_TEXT_UTF8)
