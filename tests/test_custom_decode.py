@@ -21,6 +21,8 @@ from vllm_allowed_tools.formats import wire_format, wire_formats
 from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
 from vllm_allowed_tools.request.rewrite import rewrite_request
 
+from support.custom_tools import CODEX_APPLY_PATCH
+
 PATCH_GRAMMAR = '''start: begin_patch hunk+ end_patch
 begin_patch: "*** Begin Patch" LF
 end_patch: "*** End Patch" LF?
@@ -242,25 +244,6 @@ def test_a_plain_auto_turn_decodes_custom_calls_held_to_their_grammar():
     assert accepts(tag, "Patching. " + CALLS["hermes"]("apply_patch", PATCH))
     assert not accepts(tag, "Patching. " + CALLS["hermes"]("apply_patch", "rm -rf /"))
     assert accepts(tag, "Noting. " + CALLS["hermes"]("note", "anything"))
-
-
-#: Codex's own ``apply_patch`` grammar (as the pinned Codex CLI, clients/codex, sends it)
-CODEX_APPLY_PATCH = r'''start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-hunk: add_hunk | delete_hunk | update_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change_move? change?
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-change_move: "*** Move to: " filename LF
-change: (change_context | change_line)+ eof_line?
-change_context: ("@@" | "@@ " /(.+)/) LF
-change_line: ("+" | "-" | " ") /(.*)/ LF
-eof_line: "*** End of File" LF
-%import common.LF
-'''
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder"])

@@ -20,25 +20,10 @@ import pytest
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag
 from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
 
+from support.custom_tools import CODEX_APPLY_PATCH
 from support.grammar_walk import GrammarWalker, format_tokens, marker_texts
 from support.lark_walks import WALKS, compare_both_ways, translated
 
-CODEX_APPLY_PATCH = r'''start: begin_patch hunk+ end_patch
-begin_patch: "*** Begin Patch" LF
-end_patch: "*** End Patch" LF?
-hunk: add_hunk | delete_hunk | update_hunk
-add_hunk: "*** Add File: " filename LF add_line+
-delete_hunk: "*** Delete File: " filename LF
-update_hunk: "*** Update File: " filename LF change_move? change?
-filename: /(.+)/
-add_line: "+" /(.*)/ LF -> line
-change_move: "*** Move to: " filename LF
-change: (change_context | change_line)+ eof_line?
-change_context: ("@@" | "@@ " /(.+)/) LF
-change_line: ("+" | "-" | " ") /(.*)/ LF
-eof_line: "*** End of File" LF
-%import common.LF
-'''
 
 #: name -> (syntax, definition)
 GRAMMARS = {

@@ -13,6 +13,24 @@ from vllm_allowed_tools.request.custom_tools import compile_custom_grammar
 
 #: bounded, and framed by a quote and a backslash: what a JSON string writes escaped (hermes) and
 #: an XML value carries raw (qwen3_coder)
+#: Codex's own ``apply_patch`` grammar (as the pinned Codex CLI, clients/codex, sends it)
+CODEX_APPLY_PATCH = r'''start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+hunk: add_hunk | delete_hunk | update_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+delete_hunk: "*** Delete File: " filename LF
+update_hunk: "*** Update File: " filename LF change_move? change?
+filename: /(.+)/
+add_line: "+" /(.*)/ LF -> line
+change_move: "*** Move to: " filename LF
+change: (change_context | change_line)+ eof_line?
+change_context: ("@@" | "@@ " /(.+)/) LF
+change_line: ("+" | "-" | " ") /(.*)/ LF
+eof_line: "*** End of File" LF
+%import common.LF
+'''
+
 GRAMMAR = r'start: "\"" ("a" | "b" "c"~1..3) "\\"'
 SHORT = {"type": "custom", "name": "short", "description": "Say it short.",
          "format": {"type": "grammar", "syntax": "lark", "definition": GRAMMAR}}
