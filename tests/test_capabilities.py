@@ -41,7 +41,7 @@ def test_good_configuration_passes():
         == ServerCapabilities(constraint_stage="native")
 
 
-@pytest.mark.parametrize("backend", ["guidance", "outlines", "lm-format-enforcer"])
+@pytest.mark.parametrize("backend", ["outlines", "lm-format-enforcer"])
 def test_backends_without_structural_tags_are_refused(backend):
     for argv in (BASE + ["--structured-outputs-config.backend", backend],
                  BASE + [f"--structured-outputs-config.backend={backend}"],
@@ -54,7 +54,7 @@ def test_backends_without_structural_tags_are_refused(backend):
 
 def test_last_backend_flag_wins():
     argv = BASE + ["--structured-outputs-config.backend", "xgrammar",
-                   "--structured-outputs-config.backend", "guidance"]
+                   "--structured-outputs-config.backend", "outlines"]
     with pytest.raises(CapabilityError):
         _check(argv, NATIVE)
 
@@ -66,14 +66,27 @@ GPU = {"VLLM_TARGET_DEVICE": "cuda"}   # what the stage choice reads first (no a
 
 
 def test_logits_processor_stage_serves_other_backends():
-    """The logits processor is what makes a non-xgrammar backend usable: the grammar never reaches
-    it. ``auto`` (the default) picks it there by itself."""
-    guidance = BASE + ["--structured-outputs-config.backend", "guidance"]
-    assert _check(guidance, LP).constraint_stage == "logits-processor"
-    assert _check(guidance, {**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}) \
+    """The logits processor is what makes a backend without structural tags usable: the grammar
+    never reaches it. ``auto`` (the default) picks it there by itself."""
+    outlines = BASE + ["--structured-outputs-config.backend", "outlines"]
+    assert _check(outlines, LP).constraint_stage == "logits-processor"
+    assert _check(outlines, {**GPU, "VLLM_USE_V2_MODEL_RUNNER": "0"}) \
         .constraint_stage == "logits-processor"
-    with pytest.raises(CapabilityError, match="guidance.*speculative decoding"):
-        _check(guidance + ["--speculative-config", "{}"], GPU)
+    with pytest.raises(CapabilityError, match="outlines.*speculative decoding"):
+        _check(outlines + ["--speculative-config", "{}"], GPU)
+
+
+def test_guidance_serves_the_native_stage_where_the_processor_cannot_run():
+    """vLLM's guidance backend compiles our tags through their Lark translation
+    (vllm_glue/guidance_tags.py): the native stage is served there, on GPUs by default, and with
+    speculative decoding or Model Runner V2, where our processor never runs; on CPU ``auto`` keeps
+    the processor (measured faster there)."""
+    guidance = BASE + ["--structured-outputs-config.backend", "guidance"]
+    assert _check(guidance, NATIVE) == ServerCapabilities(constraint_stage="native")
+    assert _check(guidance, GPU) == ServerCapabilities(constraint_stage="native")
+    assert _check(guidance + ["--speculative-config", "{}"], GPU).constraint_stage == "native"
+    assert _check(guidance, {"VLLM_TARGET_DEVICE": "cpu"}) == ServerCapabilities(
+        constraint_stage="logits-processor")
 
 
 def test_auto_stage_follows_the_benchmark():
@@ -125,7 +138,7 @@ def test_strict_tool_calling_switched_off_is_refused():
 
 
 @pytest.mark.server
-def test_real_server_refuses_to_start_with_guidance(tmp_path, monkeypatch, capsys):
+def test_real_server_refuses_to_start_with_outlines(tmp_path, monkeypatch, capsys):
     """... and `vllm-allowed-tools check` of the same configuration refuses it for the same reason."""
     import json
 
@@ -134,7 +147,7 @@ def test_real_server_refuses_to_start_with_guidance(tmp_path, monkeypatch, capsy
     from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     model = ensure_model("random", 0, log=lambda *_: None)
     with pytest.raises(ServeError) as error:
-        start_server(model, extra_args=["--structured-outputs-config.backend", "guidance"],
+        start_server(model, extra_args=["--structured-outputs-config.backend", "outlines"],
                      log_path=tmp_path / "server.log", timeout=240, env=NATIVE)
     assert "structured-output backend cannot compile" in str(error.value)
     environment = server_environment(NATIVE)
@@ -142,7 +155,7 @@ def test_real_server_refuses_to_start_with_guidance(tmp_path, monkeypatch, capsy
         monkeypatch.setenv(name, environment[name])
     capsys.readouterr()
     code = check(["--json", str(model), "--tool-call-parser", "allowed_hermes",
-                  "--structured-outputs-config.backend", "guidance"])
+                  "--structured-outputs-config.backend", "outlines"])
     report = json.loads(capsys.readouterr().out)
     reason = next(f["reason"] for f in report["findings"] if f["guarantee"] == "constraint_stage")
     assert code == 1 and reason in str(error.value)
@@ -327,7 +340,7 @@ def test_json_schemas_stay_native_only_where_the_backend_forced_the_processor():
         assert _check(OUTLINES, environ) == ServerCapabilities(
             constraint_stage="logits-processor", json_schema_backend="outlines")
     assert _check(OUTLINES, LP).json_schema_backend is None
-    for backend in ("guidance", "lm-format-enforcer", "xgrammar", "auto"):
+    for backend in ("guidance", "lm-format-enforcer", "xgrammar", "auto"):   # guidance: tags too
         argv = BASE + ["--structured-outputs-config.backend", backend]
         caps = _check(argv, {"VLLM_TARGET_DEVICE": "cpu"})
         assert caps.constraint_stage == "logits-processor"

@@ -160,7 +160,7 @@ def test_a_base_parser_is_refused_naming_our_wrapper(capsys, random_model) -> No
         check_server_args(server_settings([*report["command"], "--middleware", "x"]))
 
 
-@pytest.mark.parametrize("backend", ["guidance", "outlines", "lm-format-enforcer"])
+@pytest.mark.parametrize("backend", ["outlines", "lm-format-enforcer"])
 def test_a_backend_without_structural_tags_is_refused_on_the_native_stage(capsys, monkeypatch,
                                                                           random_model, backend) -> None:
     monkeypatch.setenv("VLLM_ALLOWED_TOOLS_CONSTRAINT", "native")
@@ -263,7 +263,9 @@ MIDDLEWARE_CASES = {
     "base parser": (["--tool-call-parser", "hermes"], {}),
     "guidance, native stage": (["--structured-outputs-config.backend", "guidance"],
                                {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}),
-    "guidance, processor stands in": (["--structured-outputs-config.backend", "guidance"], {}),
+    "outlines, native stage": (["--structured-outputs-config.backend", "outlines"],
+                               {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}),
+    "outlines, processor stands in": (["--structured-outputs-config.backend", "outlines"], {}),
     "template the probe rejects": (["--chat-template", "{users_only}"], {}),
     "the same, catalog filtering": (["--chat-template", "{users_only}"],
                                     {"VLLM_ALLOWED_TOOLS_FALLBACK": "filter-catalog"}),

@@ -28,17 +28,21 @@ from .lark_ebnf import EbnfRules, UntranslatableTag, characters, contains_any, l
 __all__ = ["UntranslatableTag", "lark_grammar"]
 
 
-def lark_grammar(tag_json: str, *, free_text: bool = True) -> str:
+def lark_grammar(tag_json: str, *, free_text: bool = True, json_schemas: bool = False) -> str:
     """The llguidance Lark grammar admitting what the structural tag ``tag_json`` admits.
 
     ``free_text=False`` refuses a tag with free text outside its calls (an ``auto`` turn's): there
     llguidance admits only text that is valid UTF-8 token by token, where xgrammar admits any token
     (a model may write a character's bytes in tokens that are not), so the text would not be what
     the model samples under xgrammar. (llguidance's ``allow_invalid_utf8`` option is no way out:
-    1.7.6 then admits any token at a literal's start, special tokens in text included.)"""
+    1.7.6 then admits any token at a literal's start, special tokens in text included.)
+
+    ``json_schemas``: ``json_schema`` nodes (vLLM's own tags for plain turns) become llguidance's
+    JSON-schema grammar, whose whitespace and number forms are llguidance's, not xgrammar's: for
+    vLLM's guidance backend, never for a row that moves onto xgrammar's matcher."""
     tag = json.loads(tag_json)
     node = tag.get("format", tag) if isinstance(tag, Mapping) else tag
-    builder = _Builder()
+    builder = _Builder(json_schemas=json_schemas)
     start = builder.node(node, last=True)
     if not free_text and builder.free_text:
         raise UntranslatableTag("free text outside the calls (an auto turn: llguidance admits only "
@@ -52,7 +56,8 @@ _TEXT_ANY = r"(?s:.*)"
 class _Builder:
     """Rules of the translation, named in order (``r0``, ``r1``, ...)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, json_schemas: bool = False) -> None:
+        self.json_schemas = json_schemas
         self.rules: list[str] = []
         self._count = 0
         #: free text outside any call (triggered tags' text, text to the end of the output)
@@ -93,6 +98,11 @@ class _Builder:
             return regex(node["pattern"])
         if kind == "grammar":
             return EbnfRules(self).root(node["grammar"])
+        if kind == "json_schema" and self.json_schemas and node.get("style", "json") == "json":
+            schema = node["json_schema"]
+            if not isinstance(schema, (Mapping, bool)):
+                raise UntranslatableTag("a json_schema node whose schema is not an object")
+            return self.rule("%json " + json.dumps(schema))
         if kind == "sequence":
             elements = node["elements"]
             if not elements:
@@ -157,7 +167,7 @@ class _Builder:
             # the text runs to the first end (xgrammar's reading): one lazy lexeme, text and end
             text = self.text([*(content.get("excludes") or ()), *end_strings], content.get("max_chars"))
             return f"({begin_expr} {self.rule(f'{text} {end_expr}', '[lazy]')})"
-        if isinstance(content, Mapping) and content.get("type") == "grammar" and end_strings:
+        if isinstance(content, Mapping) and content.get("type") in ("grammar", "json_schema") and end_strings:
             # an argument grammar may end in a short lexeme (whitespace) that starts the end too:
             # llguidance's lexer gives no bytes back, so the end is written a character a lexeme
             end_expr = "(" + " | ".join(characters(text) for text in end_strings) + ")"

@@ -146,24 +146,38 @@ class LazyGrammars:
         not cover it, or where llguidance cannot build it. ``free_text``: the turn's free text may
         be held to valid UTF-8 (a policy turn's: :data:`..wire.XARGS_TEXT_UTF8`); without it a
         grammar with free text outside its calls is refused (:func:`.lark_tags.lark_grammar`)."""
+        matcher = self.llguidance_matcher(grammar, free_text=free_text)
+        stops = list(stop_token_ids) or list(self._info.stop_token_ids)
+        return LazyMatcher(matcher, stops, self._info.stop_token_ids)
+
+    def llguidance_matcher(self, grammar: GrammarText, *, free_text: bool = False,
+                           json_schemas: bool = False) -> Any:
+        """llguidance's own matcher for ``grammar`` (what :meth:`matcher` wraps; vLLM's guidance
+        backend runs it as it is, ``json_schemas`` translated too: ``vllm_glue/guidance_tags.py``),
+        ending on this tokenizer's stop tokens. Raises as :meth:`matcher` does."""
         import llguidance
-        self._ready.wait()
-        if self._tokenizer is None:
-            raise UntranslatableTag(f"llguidance's tokenizer could not be built: {self._failure!r}")
-        key = (grammar.digest, free_text)
+        tokenizer = self.tokenizer()
+        key = (grammar.digest, free_text, json_schemas)
         lark = self._translations.get(key)
         if lark is None:
             if tag_digest(grammar.tag_json) != grammar.digest:
                 raise ConstraintArgsError("structural tag digest mismatch")
             try:
-                lark = lark_grammar(grammar.tag_json, free_text=free_text)
+                lark = lark_grammar(grammar.tag_json, free_text=free_text, json_schemas=json_schemas)
             except UntranslatableTag as refused:   # kept too: an auto turn's rows ask again
                 lark = refused
             self._translations.put(key, lark, len(str(lark)))
         if isinstance(lark, UntranslatableTag):
             raise lark
-        matcher = llguidance.LLMatcher(self._tokenizer, lark, log_level=0)
+        matcher = llguidance.LLMatcher(tokenizer, lark, log_level=0)
         if matcher.is_error():
             raise UntranslatableTag(f"llguidance refused the translation: {matcher.get_error()[:200]}")
-        stops = list(stop_token_ids) or list(self._info.stop_token_ids)
-        return LazyMatcher(matcher, stops, self._info.stop_token_ids)
+        return matcher
+
+    def tokenizer(self) -> Any:
+        """llguidance's tokenizer, once built (waits for the background build); raises
+        :class:`UntranslatableTag` where it could not be built."""
+        self._ready.wait()
+        if self._tokenizer is None:
+            raise UntranslatableTag(f"llguidance's tokenizer could not be built: {self._failure!r}")
+        return self._tokenizer

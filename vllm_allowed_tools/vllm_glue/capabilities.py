@@ -27,8 +27,17 @@ class ServerCapabilities:
     json_schema_backend: str | None = None
 
 
-#: backends that cannot compile new-format structural tags (vLLM 0.32/0.33)
-BACKENDS_WITHOUT_STRUCTURAL_TAGS = frozenset({"guidance", "outlines", "lm-format-enforcer"})
+#: backends that cannot compile new-format structural tags (vLLM 0.32/0.33); ``guidance`` compiles
+#: them through our translation (:mod:`.guidance_tags`) where its hook installs
+BACKENDS_WITHOUT_STRUCTURAL_TAGS = frozenset({"outlines", "lm-format-enforcer"})
+
+
+def backend_compiles_tags(backend: str) -> bool:
+    """Whether ``backend`` compiles the structural tags the native stage hands vLLM."""
+    if backend == "guidance":
+        from .guidance_tags import unsupported_reason
+        return unsupported_reason() is None
+    return backend not in BACKENDS_WITHOUT_STRUCTURAL_TAGS
 
 
 def _logits_processor_blocked(settings: Settings, on_cpu: bool) -> str | None:
@@ -118,7 +127,7 @@ def serving_capabilities(settings: Settings) -> ServerCapabilities:
     backend = settings.launch.structured_outputs_backend
     on_cpu = _on_cpu(settings)
     requested = settings.constraint
-    compiles_tags = backend not in BACKENDS_WITHOUT_STRUCTURAL_TAGS
+    compiles_tags = backend_compiles_tags(backend)
     stage = choose_stage(requested, backend=backend, backend_compiles_tags=compiles_tags,
                          on_cpu=on_cpu,
                          logits_processor_blocked=_logits_processor_blocked(settings, on_cpu))

@@ -110,9 +110,14 @@ def register() -> None:
     """vLLM's plugin hook: parses the settings first (a variable with a value the plugin cannot use
     stops every vLLM process here, with the message naming it), then :func:`register_parsers`, then
     our middleware added to a server command line that selects one of our parsers
-    (:func:`with_our_middleware`)."""
+    (:func:`with_our_middleware`); on a server started with the ``guidance`` structured-output
+    backend, the hook that lets that backend compile structural tags (:mod:`.guidance_tags`)."""
     settings = current()
     register_parsers()
+    if settings.launch.is_server and settings.launch.structured_outputs_backend == "guidance":
+        from .guidance_tags import install
+        if not install():   # the capability check says why and refuses the native stage
+            logger.warning("vllm-allowed-tools: vLLM's guidance backend was not hooked")
     argv = with_our_middleware(settings.launch.argv, settings)
     if argv != list(settings.launch.argv):
         # read by vLLM's parse_args() after the plugins are loaded (vLLM's logging is not set up
