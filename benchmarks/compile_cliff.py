@@ -23,6 +23,8 @@ catalog: nothing of its schemas compiled before):
 * what ships on the logits-processor stage: the row starts on llguidance's matcher for the tag's
   translation (``decode/lazy_grammars.py``) while xgrammar compiles in the background: the
   matcher and its first mask, then a mask a token;
+* the native stage on vLLM's guidance backend with the plugin's hook: the API server's validation
+  of the tag and the engine's matcher for it with its first mask;
 
 each with the strict tools' string lengths in the grammar (what xgrammar 0.2.8 made of them) and as
 shipped (left to the guard while xgrammar compiles them slowly: ``decode/argument_schemas.py``);
@@ -217,6 +219,39 @@ def shipped_arm(info: Any, samples: int, steps: int = 200) -> dict[str, float]:
             "llguidance tokenizer at start-up s": tokenizer_s}
 
 
+def guidance_arm(info: Any, samples: int) -> dict[str, float]:
+    """The native stage on vLLM's guidance backend, hooked (``vllm_glue/guidance_tags.py``): what
+    a first-seen tag costs on the request's path, each sample a tag never seen: the API server's
+    validation (the tag's translation, llguidance's check of it) and the engine's matcher for it
+    (translated again, over xgrammar's reading of the vocabulary) with its first mask; with the
+    strict tools' lengths left to the guard (as shipped) and in the grammar."""
+    import llguidance
+    import llguidance.torch
+
+    from vllm_allowed_tools.decode.lazy_grammars import LazyGrammars
+    from vllm_allowed_tools.decode.stage import GrammarText, tag_digest
+    from vllm_allowed_tools.vllm_glue.guidance_tags import translated_tag
+    grammars = LazyGrammars(info)
+    tokenizer = grammars.tokenizer()     # once per server, at its first structured request
+    bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
+    rows = {}
+    for label, lengths in (("native stage on guidance, first-seen catalog", False),
+                           ("the same, lengths in the grammar", True)):
+        tags = [_tags(catalog(), lengths, f"guidance-{lengths}-{sample}")[0].json for sample in range(samples)]
+        times = []
+        for tag in tags:
+            begun = time.perf_counter()
+            lark = translated_tag(tag)                                   # API server: validation
+            assert not llguidance.LLMatcher.validate_grammar(lark, None)
+            matcher = grammars.llguidance_matcher(GrammarText(tag, tag_digest(tag)), free_text=True,
+                                                  vllm_forms=True)     # engine: the matcher
+            llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
+            times.append(time.perf_counter() - begun)
+            assert not matcher.is_error()
+        rows[label] = statistics.median(times) * 1e3
+    return rows
+
+
 def llguidance_arm(index: dict[str, int], samples: int) -> float:
     """A matcher for each allowed tool's full schema and its first mask (ms, median)."""
     import llguidance
@@ -309,6 +344,8 @@ def main() -> int:
     if args.forms:
         result["forms ms"] = forms(info)
     result["shipped: llguidance first"] = shipped_arm(info, args.samples)
+    print(result, flush=True)
+    result["native stage on guidance ms"] = guidance_arm(info, args.samples)
     print(result, flush=True)
     result["lengths left to the guard ms"] = xgrammar_arms(info, False, args.samples)
     print(result, flush=True)

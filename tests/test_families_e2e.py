@@ -15,9 +15,10 @@ Per format, with the official ``openai`` SDK, for an 8-tool catalog and a 2-tool
 * an invalid selection is a 400 naming the field, on both endpoints.
 
 Servers run on the stage this machine picks (on CPU: our logits-processor stage).
-``VLLM_ALLOWED_TOOLS_FAMILY_STAGES=all`` also runs every format on vLLM's native stage (the full
-matrix) and the aliases; by default the native stage runs for the formats in NATIVE_SAMPLE, one per
-kind of grammar, so CI stays within its time.
+``VLLM_ALLOWED_TOOLS_FAMILY_STAGES=all`` also runs every format on vLLM's native stage, on its
+xgrammar backend and on its guidance backend (``guidance``: the tags' Lark translation,
+vllm_glue/guidance_tags.py), and the aliases (the full matrix); by default the native stage runs
+on xgrammar for the formats in NATIVE_SAMPLE, one per kind of grammar, so CI stays within its time.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ FAMILIES = ["deepseek_v3", "deepseek_v31", "kimi_k2", "glm47", "minimax_m2", "ll
 ALIASES = {"glm45": "glm47", "llama4_json": "llama3_json", "qwen3_xml": "qwen3_coder"}
 #: the native stage for one format per kind of grammar (xgrammar's, vLLM's, ours renamed)
 NATIVE_SAMPLE = ["kimi_k2", "minimax_m2", "seed_oss"]
-STAGES = {"default": {}, "native": {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}}
+STAGES = {"default": {}, "native": {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"},
+          "guidance": {"VLLM_ALLOWED_TOOLS_CONSTRAINT": "native"}}
+#: the vLLM flags of a stage (the native stage on the guidance backend)
+STAGE_FLAGS = {"guidance": ["--structured-outputs-config.backend", "guidance"]}
 SEEDS = (0, 1)
 
 
@@ -59,13 +63,15 @@ def _cases() -> list:
     everything = os.environ.get("VLLM_ALLOWED_TOOLS_FAMILY_STAGES", "").strip().lower() == "all"
     families = FAMILIES + sorted(ALIASES) if everything else FAMILIES
     return [pytest.param((family, stage), id=f"{family}-{stage}") for stage in STAGES
-            for family in families if stage == "default" or everything or family in NATIVE_SAMPLE]
+            for family in families
+            if stage == "default" or everything or (stage == "native" and family in NATIVE_SAMPLE)]
 
 
 @pytest.fixture(scope="module", params=_cases())
 def served(request):
     family, stage = request.param
-    server = start_cli_server("random", env=STAGES[stage], options=["--parser", f"allowed_{family}"])
+    server = start_cli_server("random", env=STAGES[stage], options=["--parser", f"allowed_{family}"],
+                              extra_args=STAGE_FLAGS.get(stage, []))
     yield family, server
     stop_cli_server(server)
 

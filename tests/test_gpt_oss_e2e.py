@@ -40,18 +40,20 @@ GATED = "send_email"
 POLICY_BLOCK = "<|start|>developer<|message|># Instructions\n\nAllowed tools this turn ("
 
 
-@pytest.fixture(scope="module", params=["default", "native"])
+@pytest.fixture(scope="module", params=["default", "native", "native-guidance"])
 def server(request, tmp_path_factory):
-    """One server per constraint stage: the CPU default (our logits processor) and vLLM's native
-    structured outputs."""
+    """One server per constraint stage: the CPU default (our logits processor), vLLM's native
+    structured outputs on xgrammar, and on guidance (the tags' Lark translation:
+    vllm_glue/guidance_tags.py)."""
     policy = tmp_path_factory.mktemp("gpt-oss") / "approvals.json"
     policy.write_text(json.dumps({"rules": [{"tools": [GATED], "approval": "required",
                                              "scopes": ["once"]}]}))
     env = {"VLLM_ALLOWED_TOOLS_APPROVAL_POLICY": str(policy)}
-    if request.param == "native":
+    if request.param.startswith("native"):
         env["VLLM_ALLOWED_TOOLS_CONSTRAINT"] = "native"
+    backend = ["--structured-outputs-config.backend", "guidance"] if request.param == "native-guidance" else []
     started = start_cli_server("random", options=["--parser", "allowed_openai", "--one-flag"],
-                               extra_args=["--enable-scale-out"], env=env)
+                               extra_args=["--enable-scale-out", *backend], env=env)
     yield started
     stop_cli_server(started)
 

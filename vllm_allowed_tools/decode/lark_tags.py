@@ -28,7 +28,7 @@ from .lark_ebnf import EbnfRules, UntranslatableTag, characters, contains_any, l
 __all__ = ["UntranslatableTag", "lark_grammar"]
 
 
-def lark_grammar(tag_json: str, *, free_text: bool = True, json_schemas: bool = False) -> str:
+def lark_grammar(tag_json: str, *, free_text: bool = True, vllm_forms: bool = False) -> str:
     """The llguidance Lark grammar admitting what the structural tag ``tag_json`` admits.
 
     ``free_text=False`` refuses a tag with free text outside its calls (an ``auto`` turn's): there
@@ -37,12 +37,13 @@ def lark_grammar(tag_json: str, *, free_text: bool = True, json_schemas: bool = 
     the model samples under xgrammar. (llguidance's ``allow_invalid_utf8`` option is no way out:
     1.7.6 then admits any token at a literal's start, special tokens in text included.)
 
-    ``json_schemas``: ``json_schema`` nodes (vLLM's own tags for plain turns) become llguidance's
-    JSON-schema grammar, whose whitespace and number forms are llguidance's, not xgrammar's: for
-    vLLM's guidance backend, never for a row that moves onto xgrammar's matcher."""
+    ``vllm_forms``: the forms of vLLM's own tags (a plain turn's; GLM's and MiniMax's) are
+    translated too: ``star`` and ``plus``, and ``json_schema`` nodes as llguidance's JSON-schema
+    grammar, whose whitespace and number forms are llguidance's, not xgrammar's: for vLLM's
+    guidance backend, never for a row that moves onto xgrammar's matcher."""
     tag = json.loads(tag_json)
     node = tag.get("format", tag) if isinstance(tag, Mapping) else tag
-    builder = _Builder(json_schemas=json_schemas)
+    builder = _Builder(vllm_forms=vllm_forms)
     start = builder.node(node, last=True)
     if not free_text and builder.free_text:
         raise UntranslatableTag("free text outside the calls (an auto turn: llguidance admits only "
@@ -56,8 +57,8 @@ _TEXT_ANY = r"(?s:.*)"
 class _Builder:
     """Rules of the translation, named in order (``r0``, ``r1``, ...)."""
 
-    def __init__(self, *, json_schemas: bool = False) -> None:
-        self.json_schemas = json_schemas
+    def __init__(self, *, vllm_forms: bool = False) -> None:
+        self.vllm_forms = vllm_forms
         self.rules: list[str] = []
         self._count = 0
         #: free text outside any call (triggered tags' text, text to the end of the output)
@@ -98,11 +99,13 @@ class _Builder:
             return regex(node["pattern"])
         if kind == "grammar":
             return EbnfRules(self).root(node["grammar"])
-        if kind == "json_schema" and self.json_schemas and node.get("style", "json") == "json":
+        if kind == "json_schema" and self.vllm_forms and node.get("style", "json") == "json":
             schema = node["json_schema"]
             if not isinstance(schema, (Mapping, bool)):
                 raise UntranslatableTag("a json_schema node whose schema is not an object")
             return self.rule("%json " + json.dumps(schema))
+        if kind in ("star", "plus") and self.vllm_forms:
+            return "(" + self.node(node["content"]) + (")*" if kind == "star" else ")+")
         if kind == "sequence":
             elements = node["elements"]
             if not elements:

@@ -151,19 +151,19 @@ class LazyGrammars:
         return LazyMatcher(matcher, stops, self._info.stop_token_ids)
 
     def llguidance_matcher(self, grammar: GrammarText, *, free_text: bool = False,
-                           json_schemas: bool = False) -> Any:
+                           vllm_forms: bool = False) -> Any:
         """llguidance's own matcher for ``grammar`` (what :meth:`matcher` wraps; vLLM's guidance
-        backend runs it as it is, ``json_schemas`` translated too: ``vllm_glue/guidance_tags.py``),
+        backend runs it as it is, ``vllm_forms`` translated too: ``vllm_glue/guidance_tags.py``),
         ending on this tokenizer's stop tokens. Raises as :meth:`matcher` does."""
         import llguidance
         tokenizer = self.tokenizer()
-        key = (grammar.digest, free_text, json_schemas)
+        key = (grammar.digest, free_text, vllm_forms)
         lark = self._translations.get(key)
         if lark is None:
             if tag_digest(grammar.tag_json) != grammar.digest:
                 raise ConstraintArgsError("structural tag digest mismatch")
             try:
-                lark = lark_grammar(grammar.tag_json, free_text=free_text, json_schemas=json_schemas)
+                lark = lark_grammar(grammar.tag_json, free_text=free_text, vllm_forms=vllm_forms)
             except UntranslatableTag as refused:   # kept too: an auto turn's rows ask again
                 lark = refused
             self._translations.put(key, lark, len(str(lark)))

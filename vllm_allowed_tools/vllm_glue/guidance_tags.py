@@ -125,7 +125,7 @@ def _guidance_grammar(module: Any, backend: Any, text: str) -> Any:
             backend.__dict__["_allowed_tools_grammars"] = grammars
     try:
         matcher = grammars.llguidance_matcher(GrammarText(text, tag_digest(text)), free_text=True,
-                                                json_schemas=True)
+                                                vllm_forms=True)
     except UntranslatableTag as refused:
         from vllm.exceptions import VLLMValidationError
         raise VLLMValidationError(f"structured_outputs.structural_tag: {refused}") from refused
@@ -164,7 +164,7 @@ def _translate(text: str) -> str | UntranslatableTag:
     if isinstance(data, dict) and "structures" in data and "triggers" in data:
         return ""
     try:
-        return lark_grammar(text, free_text=True, json_schemas=True)
+        return lark_grammar(text, free_text=True, vllm_forms=True)
     except UntranslatableTag as refused:
         return refused
     except (KeyError, TypeError, ValueError) as malformed:
