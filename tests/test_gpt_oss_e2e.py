@@ -14,6 +14,7 @@ releases it.
 from __future__ import annotations
 
 import json
+import os
 import random
 
 import httpx
@@ -40,11 +41,16 @@ GATED = "send_email"
 POLICY_BLOCK = "<|start|>developer<|message|># Instructions\n\nAllowed tools this turn ("
 
 
-@pytest.fixture(scope="module", params=["default", "native", "native-guidance"])
+#: ``VLLM_ALLOWED_TOOLS_FAMILY_STAGES=all`` (the full matrix, as tests/test_families_e2e.py) also
+#: serves the native stage on vLLM's guidance backend (the tags' Lark translation:
+#: vllm_glue/guidance_tags.py); CI runs that backend on hermes (tests/test_constraint_e2e.py)
+FULL_MATRIX = os.environ.get("VLLM_ALLOWED_TOOLS_FAMILY_STAGES", "").strip().lower() == "all"
+
+
+@pytest.fixture(scope="module", params=["default", "native", *(["native-guidance"] if FULL_MATRIX else [])])
 def server(request, tmp_path_factory):
-    """One server per constraint stage: the CPU default (our logits processor), vLLM's native
-    structured outputs on xgrammar, and on guidance (the tags' Lark translation:
-    vllm_glue/guidance_tags.py)."""
+    """One server per constraint stage: the CPU default (our logits processor) and vLLM's native
+    structured outputs (on xgrammar; in the full matrix on guidance too)."""
     policy = tmp_path_factory.mktemp("gpt-oss") / "approvals.json"
     policy.write_text(json.dumps({"rules": [{"tools": [GATED], "approval": "required",
                                              "scopes": ["once"]}]}))
