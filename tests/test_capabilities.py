@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vllm_allowed_tools.errors import CapabilityError
@@ -79,14 +81,37 @@ def test_logits_processor_stage_serves_other_backends():
 def test_guidance_serves_the_native_stage_where_the_processor_cannot_run():
     """vLLM's guidance backend compiles our tags through their Lark translation
     (vllm_glue/guidance_tags.py): the native stage is served there, on GPUs by default, and with
-    speculative decoding or Model Runner V2, where our processor never runs; on CPU ``auto`` keeps
-    the processor (measured faster there)."""
+    speculative decoding or Model Runner V2, where our processor never runs, a strict tool's string
+    lengths held by the grammar there (nothing compiles ahead); on CPU ``auto`` keeps the processor
+    (measured faster there)."""
     guidance = BASE + ["--structured-outputs-config.backend", "guidance"]
-    assert _check(guidance, NATIVE) == ServerCapabilities(constraint_stage="native")
-    assert _check(guidance, GPU) == ServerCapabilities(constraint_stage="native")
+    native = ServerCapabilities(constraint_stage="native", lengths_in_grammar=True)
+    assert _check(guidance, NATIVE) == native and _check(guidance, GPU) == native
     assert _check(guidance + ["--speculative-config", "{}"], GPU).constraint_stage == "native"
     assert _check(guidance, {"VLLM_TARGET_DEVICE": "cpu"}) == ServerCapabilities(
         constraint_stage="logits-processor")
+
+
+def test_a_guidance_native_server_holds_strict_lengths_in_the_grammar(monkeypatch):
+    """The server's capabilities, recorded at start-up, decide whether a strict tool's
+    ``maxLength`` stays in its grammar (xgrammar 0.2.8 leaves it to the guard)."""
+    from vllm_allowed_tools.decode import argument_schemas
+    from vllm_allowed_tools.decode.grammar import AllowedFunction
+    from vllm_allowed_tools.vllm_glue import capabilities
+    monkeypatch.setattr(capabilities, "_ACTIVE", None)
+    bounded = AllowedFunction("post", {"type": "object", "properties": {
+        "text": {"type": "string", "maxLength": 40}}}, strict=True)
+    try:
+        capabilities.activate(ServerCapabilities(constraint_stage="native", lengths_in_grammar=True))
+        assert argument_schemas.held_to_schema([bounded], every_tool=True) == [bounded]
+        capabilities.activate(ServerCapabilities(constraint_stage="logits-processor"))
+        held = argument_schemas.held_to_schema([bounded], every_tool=True)[0]
+        assert argument_schemas.lengths_compile_fast() is argument_schemas._version_at_least(
+            argument_schemas._installed_xgrammar(), (0, 2, 9))
+        if not argument_schemas.lengths_compile_fast():
+            assert "maxLength" not in json.dumps(held.parameters)
+    finally:
+        argument_schemas.hold_lengths_in_grammar(False)
 
 
 def test_auto_stage_follows_the_benchmark():

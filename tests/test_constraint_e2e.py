@@ -272,3 +272,28 @@ def test_strict_string_lengths_are_served_and_held(stage_happy_server):
             outcomes["call"] += 1
     # every answer seen, Slack's calls served, and the code's short strings refused by the guard
     assert sum(outcomes.values()) == 6 and outcomes["call"] >= 3 and outcomes["refused"] >= 1, outcomes
+
+
+def test_the_guidance_native_stage_holds_strict_lengths_in_the_grammar(stage_random_server, request):
+    """On vLLM's guidance backend nothing compiles ahead, so a strict tool's string lengths stay in
+    its grammar (decode/argument_schemas.py): every answer is a call within its bounds, none the
+    guard's ``strict_arguments_invalid`` refusal that the other stages may give (the random model
+    writes strings of any length on its own)."""
+    import jsonschema
+    if request.node.callspec.params["stage_random_server"] != "native":
+        pytest.skip("the logits-processor stage leaves lengths to the guard (0.2.8): "
+                    "test_strict_string_lengths_are_served_and_held")
+    short_text = json.loads(json.dumps(_SLACK))
+    short_text["function"]["parameters"]["properties"]["text"]["maxLength"] = 24
+    client = stage_random_server.client()
+    for seed in range(3):
+        for tool in (short_text, _CODE):
+            name = tool["function"]["name"]
+            message = client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": "Go ahead."}],
+                tools=[short_text, _CODE], tool_choice=chat_selection("required", [name]),
+                max_tokens=150, temperature=1.0, seed=seed).choices[0].message
+            calls = message.tool_calls or []
+            assert calls and {call.function.name for call in calls} == {name}, (seed, message)
+            for call in calls:
+                jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])

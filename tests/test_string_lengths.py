@@ -92,6 +92,11 @@ def test_a_fast_xgrammar_keeps_a_strict_tools_lengths_in_its_grammar(lengths_fas
     assert accepts(tag, call("search", {"q": "abcde"}))
     assert not accepts(tag, call("search", {"q": "abcdef"}))
     assert not accepts(tag, call("search", {"q": "a"}))
+    # the bounded string is JSON text: no raw control character, an escape one character of the value
+    assert not accepts(tag, call("search", {"q": "ab"}).replace("ab", "a\tb"))
+    assert not accepts(tag, call("search", {"q": "ab"}).replace("ab", "a\x01b"))
+    assert accepts(tag, call("search", {"q": "a\tb\"c"}))   # written \t and \": five characters
+    assert not accepts(tag, call("search", {"q": "a\tb\"cd"}))
     loose = AllowedFunction("search", QUERY, None)   # a non-strict tool promised no bound
     assert accepts(build_structural_tag("hermes", [loose], "required"), call("search", {"q": "abcdef"}))
 

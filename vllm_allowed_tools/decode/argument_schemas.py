@@ -17,7 +17,8 @@ string without its bound takes milliseconds and 0.2.9 takes 40 ms with it
 (``benchmarks/compile_cliff.py``). A ``strict`` tool's lengths are then held by the output guard,
 which re-validates every final call against the client's full schema and refuses one past a bound
 (a ``strict`` call that breaks its schema never leaves the server); a non-strict tool promised no
-bound, and its lengths are never held. With xgrammar 0.2.9 or newer a ``strict`` tool keeps every
+bound, and its lengths are never held. With xgrammar 0.2.9 or newer, and on a server whose native
+stage runs vLLM's guidance backend (:func:`hold_lengths_in_grammar`), a ``strict`` tool keeps every
 keyword in its grammar. Only the grammar changes: the guard reads the client's own tools. No vLLM
 imports.
 """
@@ -117,6 +118,16 @@ def lengths_compile_fast() -> bool:
 
 
 _FAST_LENGTHS: bool | None = None
+
+
+def hold_lengths_in_grammar(held: bool) -> None:
+    """Decided by the server this process serves (``vllm_glue/capabilities.py``): True where no
+    grammar is compiled ahead (the native stage on vLLM's guidance backend, which makes each tag's
+    llguidance matcher in milliseconds, lengths included: docs/benchmarks.md), so a ``strict``
+    tool's lengths are held by the grammar whatever the installed xgrammar; False: the installed
+    xgrammar's version decides, as by default. Tags built before the call keep what they hold."""
+    global _FAST_LENGTHS
+    _FAST_LENGTHS = True if held else None
 
 
 def _installed_xgrammar() -> str:

@@ -330,6 +330,16 @@ def string_markers(markers: Iterable[str]) -> tuple[str, ...]:
     return clean_markers(marker[:2] for marker in markers if marker[:1] in MARKUP_STARTS)
 
 
+#: xgrammar 0.2.8's character of a string with ``minLength``/``maxLength`` (``root_prop_0_characters
+#: ::= (([^\"\\\r\n]))``, repeated ``{m, n}``): it admits raw control characters (a tab, U+0001),
+#: which no JSON string holds (the parser then refuses the call), and no escape
+_BOUNDED_STRING_CHARACTER = r'(([^\"\\\r\n]))'
+#: a JSON string's character: printable text, or one escape (one character of the value, as
+#: JSON Schema counts a string's length)
+_JSON_STRING_CHARACTER = r'(([^\0-\x1f\"\\]) | ("\\" basic_escape))'
+_BASIC_ESCAPE = r'(([\"\\/bfnrt]) | ("u" [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9] [A-Fa-f0-9]))'
+
+
 def safe_json_ebnf(ebnf: str, markers: Sequence[str], exact: Sequence[str] = ()) -> str:
     """xgrammar's JSON EBNF ``ebnf`` (whole, or with XML around it) with ``basic_string_sub`` kept
     from spelling ``markers`` (:func:`string_markers`: their first two characters) and ``exact``
@@ -349,6 +359,11 @@ def safe_json_ebnf(ebnf: str, markers: Sequence[str], exact: Sequence[str] = ())
                       if not any(rule.startswith(p) for rule in bodies))
         kept_out = string_markers(markers) + tuple(exact)
         ebnf = ebnf.rstrip("\n") + "\n" + string_rules(kept_out, "basic_string_sub", lookahead, prefix)
+    bounded = [rule for rule, body in bodies.items() if body.strip() == _BOUNDED_STRING_CHARACTER]
+    for rule in bounded:   # a length-bounded string's character: no raw control character
+        ebnf = replace(rule, _JSON_STRING_CHARACTER, ebnf)
+    if bounded and "basic_escape" not in bodies:
+        ebnf = ebnf.rstrip("\n") + "\n" + f"basic_escape ::= {_BASIC_ESCAPE}\n"
     if "basic_number" in bodies:
         ebnf = replace("basic_number", _BOUNDED_NUMBER, ebnf)
     if "basic_integer" in bodies:

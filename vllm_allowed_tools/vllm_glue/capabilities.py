@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..decode.argument_schemas import hold_lengths_in_grammar
 from ..decode.stage import choose_stage
 from ..errors import CapabilityError
 from ..settings import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, Settings, current
@@ -25,6 +26,9 @@ class ServerCapabilities:
     #: the backend that still compiles plain JSON-schema grammars natively while structural tags
     #: go to our logits processor (the stage was chosen because it cannot compile tags); else None
     json_schema_backend: str | None = None
+    #: a ``strict`` tool's string lengths stay in its grammar whatever the installed xgrammar: the
+    #: native stage on the guidance backend compiles nothing ahead (decode/argument_schemas.py)
+    lengths_in_grammar: bool = False
 
 
 #: backends that cannot compile new-format structural tags (vLLM 0.32/0.33); ``guidance`` compiles
@@ -69,6 +73,7 @@ def activate(capabilities: ServerCapabilities) -> None:
     the parser wrappers, built by vLLM without arguments, read it back."""
     global _ACTIVE
     _ACTIVE = capabilities
+    hold_lengths_in_grammar(capabilities.lengths_in_grammar)
     # under vLLM's own logger, so the line shows with vLLM's start-up messages
     logging.getLogger("vllm.allowed_tools").info(
         "vllm-allowed-tools: middleware active for --tool-call-parser %s; allowed-tools grammars are "
@@ -83,6 +88,7 @@ def _active() -> ServerCapabilities:
     global _ACTIVE
     if _ACTIVE is None:
         _ACTIVE = check_server_args(current())
+        hold_lengths_in_grammar(_ACTIVE.lengths_in_grammar)
     return _ACTIVE
 
 
@@ -140,4 +146,5 @@ def serving_capabilities(settings: Settings) -> ServerCapabilities:
     # structural tags still compiles JSON schemas it supports
     stands_in = stage == STAGE_LOGITS_PROCESSOR and requested == STAGE_AUTO and not compiles_tags
     return ServerCapabilities(constraint_stage=stage,
-                              json_schema_backend=backend if stands_in else None)
+                              json_schema_backend=backend if stands_in else None,
+                              lengths_in_grammar=stage == STAGE_NATIVE and backend == "guidance")
