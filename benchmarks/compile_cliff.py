@@ -229,8 +229,7 @@ def guidance_arm(info: Any, samples: int) -> dict[str, float]:
     import llguidance.torch
 
     from vllm_allowed_tools.decode.lazy_grammars import LazyGrammars
-    from vllm_allowed_tools.decode.stage import GrammarText, tag_digest
-    from vllm_allowed_tools.vllm_glue.guidance_tags import translated_tag
+    from vllm_allowed_tools.vllm_glue import guidance_tags
     grammars = LazyGrammars(info)
     tokenizer = grammars.tokenizer()     # once per server, at its first structured request
     bitmask = llguidance.torch.allocate_token_bitmask(1, tokenizer.vocab_size)
@@ -241,10 +240,10 @@ def guidance_arm(info: Any, samples: int) -> dict[str, float]:
         times = []
         for tag in tags:
             begun = time.perf_counter()
-            lark = translated_tag(tag)                                   # API server: validation
+            lark = guidance_tags.translated_tag(tag)                     # API server: validation
             assert not llguidance.LLMatcher.validate_grammar(lark, None)
-            matcher = grammars.llguidance_matcher(GrammarText(tag, tag_digest(tag)), free_text=True,
-                                                  vllm_forms=True)     # engine: the matcher
+            guidance_tags._TRANSLATIONS.clear()                          # the engine's own process
+            matcher = guidance_tags.tag_matcher(grammars, guidance_tags.translated_tag(tag))
             llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
             times.append(time.perf_counter() - begun)
             assert not matcher.is_error()

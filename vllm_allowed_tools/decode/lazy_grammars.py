@@ -150,20 +150,18 @@ class LazyGrammars:
         stops = list(stop_token_ids) or list(self._info.stop_token_ids)
         return LazyMatcher(matcher, stops, self._info.stop_token_ids)
 
-    def llguidance_matcher(self, grammar: GrammarText, *, free_text: bool = False,
-                           vllm_forms: bool = False) -> Any:
-        """llguidance's own matcher for ``grammar`` (what :meth:`matcher` wraps; vLLM's guidance
-        backend runs it as it is, ``vllm_forms`` translated too: ``vllm_glue/guidance_tags.py``),
-        ending on this tokenizer's stop tokens. Raises as :meth:`matcher` does."""
+    def llguidance_matcher(self, grammar: GrammarText, *, free_text: bool = False) -> Any:
+        """llguidance's own matcher for ``grammar`` (what :meth:`matcher` wraps), ending on this
+        tokenizer's stop tokens. Raises as :meth:`matcher` does."""
         import llguidance
         tokenizer = self.tokenizer()
-        key = (grammar.digest, free_text, vllm_forms)
+        key = (grammar.digest, free_text)
         lark = self._translations.get(key)
         if lark is None:
             if tag_digest(grammar.tag_json) != grammar.digest:
                 raise ConstraintArgsError("structural tag digest mismatch")
             try:
-                lark = lark_grammar(grammar.tag_json, free_text=free_text, vllm_forms=vllm_forms)
+                lark = lark_grammar(grammar.tag_json, free_text=free_text)
             except UntranslatableTag as refused:   # kept too: an auto turn's rows ask again
                 lark = refused
             self._translations.put(key, lark, len(str(lark)))
@@ -175,8 +173,10 @@ class LazyGrammars:
         return matcher
 
     def tokenizer(self) -> Any:
-        """llguidance's tokenizer, once built (waits for the background build); raises
-        :class:`UntranslatableTag` where it could not be built."""
+        """llguidance's tokenizer, once built (waits for the background build): the vocabulary as
+        xgrammar reads it (vLLM's guidance backend makes its matchers over it too:
+        ``vllm_glue/guidance_tags.py``); raises :class:`UntranslatableTag` where it could not be
+        built."""
         self._ready.wait()
         if self._tokenizer is None:
             raise UntranslatableTag(f"llguidance's tokenizer could not be built: {self._failure!r}")

@@ -16,12 +16,16 @@ The hook wraps two functions of ``vllm.v1.structured_output.backend_guidance``:
   by its text), so it validates; a tag outside the translation is a 400 naming
   ``structured_outputs.structural_tag``; everything else is vLLM's own;
 * ``GuidanceBackend.compile_grammar``, which the engine calls to build a request's matcher: such a
-  tag's matcher is made over the vocabulary as xgrammar reads it, by the same
+  tag's matcher is made over the vocabulary as xgrammar reads it, the tokenizer of the same
   :class:`..decode.lazy_grammars.LazyGrammars` the logits-processor stage starts first-seen rows
-  on, so the native stage admits exactly what the logits-processor stage's llguidance rows admit
-  (``tests/test_lark_tags.py`` walks it against xgrammar). vLLM's own llguidance tokenizer marks
-  the tokens a tokenizer calls special, markers such as ``<tool_call>`` included, so its matcher
-  would force a marker's token and then refuse it.
+  on, so for the plugin's own tags the native stage admits what the logits-processor stage's
+  llguidance rows admit (``tests/test_lark_tags.py`` walks those against xgrammar). vLLM's own
+  llguidance tokenizer marks every added token special, markers such as ``<tool_call>``
+  included, so its matcher would force a marker's token and then refuse it.
+
+The forms only vLLM's own tags use (a plain turn's: ``star``, ``plus``, ``json_schema`` arguments)
+are translated here too (``vllm_forms``), the JSON schemas as llguidance's JSON grammar (its
+whitespace and number forms, not xgrammar's).
 
 In free text llguidance admits only tokens that keep the text valid UTF-8, where xgrammar admits
 any token (docs/limits.md). The grammar ends on the tokenizer's end-of-sequence token, as vLLM's
@@ -40,7 +44,6 @@ from typing import Any
 
 from ..decode.lark_tags import UntranslatableTag, lark_grammar
 from ..decode.lru import LRU
-from ..decode.stage import GrammarText, tag_digest
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +76,9 @@ def unsupported_reason() -> str | None:
 
 
 def install() -> bool:
-    """Wrap vLLM's guidance serializer once (idempotent); False where this vLLM's differs from the
-    one read here (nothing is patched then, and the capability check refuses the native stage)."""
+    """Wrap vLLM's guidance serializer and its backend's ``compile_grammar`` once (idempotent);
+    False where this vLLM's differ from the ones read here (nothing is patched then, and the
+    capability check refuses the native stage)."""
     if unsupported_reason() is not None:
         return False
     import importlib
@@ -96,9 +100,12 @@ def install() -> bool:
 
     @functools.wraps(compile_original)
     def compile_grammar(self: Any, request_type: Any, grammar_spec: Any, *args: Any, **kwargs: Any) -> Any:
-        if request_type == StructuredOutputOptions.STRUCTURAL_TAG and translated_tag(grammar_spec) is not None:
-            return _guidance_grammar(module, self, _text(grammar_spec))
-        return compile_original(self, request_type, grammar_spec, *args, **kwargs)
+        lark = translated_tag(grammar_spec) if request_type == StructuredOutputOptions.STRUCTURAL_TAG else None
+        if lark is None:
+            return compile_original(self, request_type, grammar_spec, *args, **kwargs)
+        grammars = _lazy_grammars(self)
+        return module.GuidanceGrammar(ll_matcher=tag_matcher(grammars, lark),
+                                      ll_tokenizer=grammars.tokenizer(), vocab_size=self.vocab_size)
 
     serialize_guidance_grammar.__wrapped_by_allowed_tools__ = True  # type: ignore[attr-defined]
     module.serialize_guidance_grammar = serialize_guidance_grammar
@@ -109,9 +116,9 @@ def install() -> bool:
 _BUILD_LOCK = threading.Lock()
 
 
-def _guidance_grammar(module: Any, backend: Any, text: str) -> Any:
-    """vLLM's ``GuidanceGrammar`` over our matcher for the tag ``text`` (the backend's
-    :class:`LazyGrammars` made on its first tag: xgrammar's reading of the vocabulary)."""
+def _lazy_grammars(backend: Any) -> Any:
+    """The backend's :class:`LazyGrammars`, made at its first tag (its tokenizer is built in the
+    background from then on: that first request waits for it, about 1 s at 150K tokens)."""
     with _BUILD_LOCK:
         grammars = backend.__dict__.get("_allowed_tools_grammars")
         if grammars is None:
@@ -121,16 +128,24 @@ def _guidance_grammar(module: Any, backend: Any, text: str) -> Any:
             tokenizer = backend.tokenizer
             info = xgrammar.TokenizerInfo.from_huggingface(
                 tokenizer, vocab_size=max(backend.vocab_size, len(tokenizer)))
-            grammars = LazyGrammars(info, tokenizer)
-            backend.__dict__["_allowed_tools_grammars"] = grammars
+            grammars = backend.__dict__["_allowed_tools_grammars"] = LazyGrammars(info, tokenizer)
+    return grammars
+
+
+def tag_matcher(grammars: Any, lark: str) -> Any:
+    """llguidance's matcher for a tag's translation ``lark`` over ``grammars``' tokenizer (the
+    engine's side of the hook); vLLM's validation error where llguidance refuses it."""
+    import llguidance
     try:
-        matcher = grammars.llguidance_matcher(GrammarText(text, tag_digest(text)), free_text=True,
-                                                vllm_forms=True)
-    except UntranslatableTag as refused:
+        matcher = llguidance.LLMatcher(grammars.tokenizer(), lark, log_level=0)
+    except UntranslatableTag as refused:   # the tokenizer could not be built
         from vllm.exceptions import VLLMValidationError
         raise VLLMValidationError(f"structured_outputs.structural_tag: {refused}") from refused
-    return module.GuidanceGrammar(ll_matcher=matcher, ll_tokenizer=grammars.tokenizer(),
-                                  vocab_size=backend.vocab_size)
+    if matcher.is_error():
+        from vllm.exceptions import VLLMValidationError
+        raise VLLMValidationError(f"structured_outputs.structural_tag: llguidance refused its "
+                                  f"translation: {matcher.get_error()[:200]}")
+    return matcher
 
 
 def _text(grammar_spec: str | dict[str, Any]) -> str:
