@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from vllm_allowed_tools.decode.grammar import AllowedFunction, build_structural_tag, built
 from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
@@ -79,6 +81,9 @@ def test_a_tag_validates_as_its_translation_and_legacy_tags_stay_vllms(guidance)
     '{"type": "structural_tag", "format": {"type": "qwen_xml_parameter"}}',   # outside the translation
     '{"type": "structural_tag", "format": [1, 2]}',                           # type-confused
     '{"type": "structural_tag", "format": {"type": "const_string"}}',         # a field missing
+    '{"type": "structural_tag", "format": {"type": "grammar", "grammar": "root ::= ("}}',   # bad EBNF
+    '{"type": "structural_tag", "format": {"type": "regex", "pattern": 5}}',
+    '{"type": "structural_tag", "format": {"type": "sequence", "elements": "ab"}}',
     "not json", "[]", "7"])
 def test_a_tag_outside_the_translation_is_a_400_naming_the_field(guidance, spec):
     from vllm.exceptions import VLLMValidationError
@@ -172,3 +177,27 @@ def test_vllms_own_plain_required_tags(guidance, model):
         return
     lark = serialize(_options().STRUCTURAL_TAG, tag)
     assert all(name in lark for name in NAMES) and not guidance.llguidance.LLMatcher.validate_grammar(lark, None)
+
+
+_LEAVES = st.sampled_from([None, True, 0, -1, 2.5, "", "a", "<tool_call>", 'root ::= "x"', "[a-z]+",
+                           "type", "const_string", "tag", "sequence", "or", "grammar", "regex",
+                           "any_text", "triggered_tags", "tags_with_separator", "json_schema", "star",
+                           "plus", "token"])
+_KEYS = st.sampled_from(["type", "value", "elements", "content", "begin", "end", "pattern", "grammar",
+                         "triggers", "tags", "json_schema", "token", "separator", "excludes"])
+_NODES = st.recursive(_LEAVES, lambda children: st.one_of(
+    st.lists(children, max_size=4), st.dictionaries(_KEYS, children, max_size=5)), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(_NODES)
+def test_any_tag_a_client_sends_is_served_or_a_400(guidance, node):
+    """Whatever a client's structural tag holds, the hook answers with a grammar llguidance
+    validates or vLLM's validation error (a 400), never another exception (a 500)."""
+    from vllm.exceptions import VLLMValidationError
+    spec = json.dumps({"type": "structural_tag", "format": node})
+    try:
+        lark = guidance.serialize_guidance_grammar(_options().STRUCTURAL_TAG, spec)
+    except VLLMValidationError:
+        return
+    guidance.llguidance.LLMatcher.validate_grammar(lark, None)   # returns its error, never raises

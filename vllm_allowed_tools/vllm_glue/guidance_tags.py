@@ -182,5 +182,5 @@ def _translate(text: str) -> str | UntranslatableTag:
         return lark_grammar(text, free_text=True, vllm_forms=True)
     except UntranslatableTag as refused:
         return refused
-    except (KeyError, TypeError, ValueError) as malformed:
-        return UntranslatableTag(f"malformed ({malformed.__class__.__name__}: {malformed})")
+    except Exception as malformed:  # noqa: BLE001 - a client's tag: any failure is its 400, never a 500
+        return UntranslatableTag(f"malformed ({malformed.__class__.__name__}: {str(malformed)[:200]})")
