@@ -124,7 +124,7 @@ def test_the_shortest_call_is_one_the_grammar_admits_and_completes(fmt):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return tiny_tokenizer("thinking")
+    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -210,20 +210,17 @@ def test_a_row_free_to_answer_or_without_a_reasoning_parser_is_not_held(tokenize
 def test_the_wrapper_marks_turns_that_must_call_and_a_client_cannot():
     """``required`` selections, plain ``required`` and named choices carry the reserve of their
     shortest call; ``auto`` does not; a client's own key is stripped."""
-    from transformers import AutoTokenizer
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.sampling_params import StructuredOutputsParams
     from vllm.tool_parsers import ToolParserManager
 
     from vllm_allowed_tools.request.rewrite import rewrite_request
     from support.calls import chat_selection
-    from vllm_allowed_tools.devtools.models.tiny_model import ensure_model
     from vllm_allowed_tools.devtools.models.tool_pool import POOL_BY_NAME
     from vllm_allowed_tools.vllm_glue.plugin import register
 
     register()
-    wrapper = ToolParserManager.get_tool_parser("allowed_hermes")(
-        AutoTokenizer.from_pretrained(str(ensure_model("thinking", log=lambda *_: None))))
+    wrapper = ToolParserManager.get_tool_parser("allowed_hermes")(tiny_tokenizer())
     names = sorted(POOL_BY_NAME)[:4]
     reserves = {}
     for label, choice in [("required", chat_selection("required", names[:2])),

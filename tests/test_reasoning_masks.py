@@ -35,7 +35,7 @@ FUNCTIONS = [AllowedFunction(f"tool_{i}", SCHEMA, strict=True) for i in range(4)
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return tiny_tokenizer("random")
+    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")
