@@ -462,3 +462,18 @@ def test_the_turns_grammar_leaves_a_native_json_schema_and_moves_the_rest():
         narrowing = dataclasses.replace(allowlist, catalog=frozenset({"other_tool"}))
         grammar = decide_turn(TurnRead(wrapper, narrowing, outputs=Outputs(json=json.dumps(schema))))
         assert grammar.xargs.get(XARGS_TEXT_UTF8) == (1 if moved else None)
+
+
+def test_the_plugin_hook_stops_a_refused_server_before_its_engine_starts(monkeypatch):
+    """vLLM loads general plugins while it parses the server's command line, before the engine
+    starts: a configuration the middleware would refuse stops there, naming the reason."""
+    from vllm_allowed_tools.settings import reset_for_tests
+    from vllm_allowed_tools.vllm_glue.plugin import register
+    monkeypatch.setenv("VLLM_ALLOWED_TOOLS_CONSTRAINT", "native")
+    monkeypatch.setattr("sys.argv", BASE + ["--structured-outputs-config.backend", "outlines"])
+    reset_for_tests()
+    with pytest.raises(SystemExit, match="the 'outlines' structured-output backend cannot compile"):
+        register()
+    monkeypatch.setattr("sys.argv", BASE + ["--structured-outputs-config.backend", "guidance"])
+    reset_for_tests()
+    register()   # served: the native stage on guidance

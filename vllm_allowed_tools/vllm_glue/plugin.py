@@ -119,7 +119,21 @@ def register() -> None:
         if not install():   # the capability check says why and refuses the native stage
             logger.warning("vllm-allowed-tools: vLLM's guidance backend was not hooked")
     argv = with_our_middleware(settings.launch.argv, settings)
+    if argv != list(settings.launch.argv) or MIDDLEWARE in settings.launch.middleware:
+        refuse_what_cannot_be_served(settings)
     if argv != list(settings.launch.argv):
         # read by vLLM's parse_args() after the plugins are loaded (vLLM's logging is not set up
         # yet here: the middleware says it is active when it is built)
         replace_server_command(argv)
+
+
+def refuse_what_cannot_be_served(settings: Settings) -> None:
+    """Stop a server command our middleware would refuse (:func:`.capabilities.check_server_args`)
+    before vLLM starts its engine: the same refusal the middleware gives when vLLM builds it, in
+    seconds instead of after the model loads."""
+    from ..errors import CapabilityError
+    from .capabilities import check_server_args
+    try:
+        check_server_args(settings)
+    except CapabilityError as refused:
+        raise SystemExit(f"vllm-allowed-tools: the server cannot start: {refused}") from None
