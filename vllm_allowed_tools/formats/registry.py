@@ -152,6 +152,11 @@ def wire_format(name: str) -> WireFormat:
     return entry
 
 
+def parser_names() -> list[str]:
+    """Our parser names (``allowed_<base>``), one per registered wire format."""
+    return [entry.parser_name for entry in wire_formats()]
+
+
 def wire_formats() -> tuple[WireFormat, ...]:
     """Every registered format, by name."""
     with _LOCK:

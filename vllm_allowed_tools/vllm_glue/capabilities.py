@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from ..decode.argument_schemas import hold_lengths_in_grammar
 from ..decode.stage import choose_stage
 from ..errors import CapabilityError
+from ..formats import parser_names
 from ..settings import STAGE_AUTO, STAGE_LOGITS_PROCESSOR, STAGE_NATIVE, Settings, current
-from .plugin import parser_names
 
 
 @dataclass(frozen=True)

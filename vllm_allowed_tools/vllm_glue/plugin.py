@@ -16,7 +16,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..formats import wire_formats
+from ..formats import parser_names, wire_formats
 from ..launch import LaunchArgs
 from ..settings import Settings, current, replace_server_command
 
@@ -52,11 +52,6 @@ PARSER_CLASSES = {
     "allowed_seed_oss": "AllowedSeedOssToolParser",
     "allowed_xlam": "AllowedXlamToolParser",
 }
-
-
-def parser_names() -> list[str]:
-    """Our parser names (``allowed_<base>``), one per registered wire format."""
-    return [entry.parser_name for entry in wire_formats()]
 
 
 def with_our_middleware(argv: Sequence[str], settings: Settings) -> list[str]:
