@@ -105,8 +105,10 @@ def register() -> None:
     """vLLM's plugin hook: parses the settings first (a variable with a value the plugin cannot use
     stops every vLLM process here, with the message naming it), then :func:`register_parsers`, then
     our middleware added to a server command line that selects one of our parsers
-    (:func:`with_our_middleware`); on a server started with the ``guidance`` structured-output
-    backend, the hook that lets that backend compile structural tags (:mod:`.guidance_tags`)."""
+    (:func:`with_our_middleware`), after the check that stops a server it could not serve
+    (:func:`refuse_what_cannot_be_served`); on a server started with the ``guidance``
+    structured-output backend, the hook that lets that backend compile structural tags
+    (:mod:`.guidance_tags`)."""
     settings = current()
     register_parsers()
     if settings.launch.is_server and settings.launch.structured_outputs_backend == "guidance":
