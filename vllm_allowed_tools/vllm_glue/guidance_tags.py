@@ -139,13 +139,17 @@ def tag_matcher(grammars: Any, lark: str) -> Any:
     try:
         matcher = llguidance.LLMatcher(grammars.tokenizer(), lark, log_level=0)
     except UntranslatableTag as refused:   # the tokenizer could not be built
-        from vllm.exceptions import VLLMValidationError
-        raise VLLMValidationError(f"structured_outputs.structural_tag: {refused}") from refused
+        raise _refused(f"structured_outputs.structural_tag: {refused}") from refused
     if matcher.is_error():
-        from vllm.exceptions import VLLMValidationError
-        raise VLLMValidationError(f"structured_outputs.structural_tag: llguidance refused its "
-                                  f"translation: {matcher.get_error()[:200]}")
+        raise _refused(f"structured_outputs.structural_tag: llguidance refused its translation: "
+                       f"{matcher.get_error()[:200]}")
     return matcher
+
+
+def _refused(message: str) -> Exception:
+    """vLLM's validation error (the request's 400) for ``message``."""
+    from vllm.exceptions import VLLMValidationError
+    return VLLMValidationError(message)
 
 
 def _text(grammar_spec: str | dict[str, Any]) -> str:
@@ -162,10 +166,9 @@ def translated_tag(grammar_spec: str | dict[str, Any]) -> str | None:
         cached = _translate(text)
         _TRANSLATIONS.put(key, cached, len(str(cached)) + 64)
     if isinstance(cached, UntranslatableTag):
-        from vllm.exceptions import VLLMValidationError
-        raise VLLMValidationError(
-            f"structured_outputs.structural_tag cannot be served by the guidance backend: {cached}; "
-            "start vLLM with --structured-outputs-config.backend xgrammar for this tag")
+        raise _refused(f"structured_outputs.structural_tag cannot be served by the guidance backend: "
+                       f"{cached}; start vLLM with --structured-outputs-config.backend xgrammar for "
+                       "this tag")
     return cached or None
 
 
